@@ -1,0 +1,49 @@
+"""Facts about this machine that labs and the doctor share: which backend and how many ranks a
+lab uses by default. torch is imported lazily so that importing this module stays cheap."""
+from __future__ import annotations
+
+import os
+import socket
+
+# On a CPU-only machine, labs default to this many ranks (capped by the cores there are, but
+# never below 2: a collective needs two ranks to mean anything, and gloo runs fine oversubscribed).
+CPU_DEFAULT_RANKS = 4
+
+
+def cuda_device_count() -> int:
+    """Number of visible CUDA devices (0 when torch has no CUDA build or no GPU is present)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def default_backend(nproc_per_node: int | None = None) -> str:
+    """'nccl' when every local rank can have a GPU of its own, else 'gloo' on CPU.
+
+    LABKIT_BACKEND=gloo|nccl overrides the choice (e.g. to run the CPU path on a GPU node)."""
+    forced = os.environ.get("LABKIT_BACKEND")
+    if forced:
+        if forced not in ("gloo", "nccl"):
+            raise ValueError(f"LABKIT_BACKEND={forced!r} is not a backend labkit runs; allowed: gloo, nccl")
+        return forced
+    gpus = cuda_device_count()
+    if gpus == 0:
+        return "gloo"
+    if nproc_per_node is None or nproc_per_node <= gpus:
+        return "nccl"
+    return "gloo"
+
+
+def default_nproc() -> int:
+    """Ranks per node a lab starts when not told: one per GPU, else min(4, cores) but at least 2."""
+    gpus = cuda_device_count()
+    if gpus >= 2:
+        return gpus
+    return max(2, min(CPU_DEFAULT_RANKS, os.cpu_count() or 1))
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on `host` a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

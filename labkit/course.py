@@ -1,0 +1,74 @@
+"""The course map (one source for the README, the welcome notebook and `labkit course`) and the
+JupyterLab command that serves it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+import os
+from pathlib import Path
+import sys
+
+
+@dataclass(frozen=True)
+class Module:
+    number: str
+    notebook: str
+    title: str
+    outcome: str
+    minutes: int  # a rough time for a first pass: reading, running the labs, the exercises
+
+
+MODULES = (
+    Module("00", "00_welcome", "welcome", "run `labkit doctor`, launch a first 2-rank lab, know how grading works", 20),
+    Module("01", "01_memory_math", "memory math", "count params of real architectures, break down training memory, measure it", 90),
+    Module("02", "02_collectives", "collectives", "use all-reduce / all-gather / reduce-scatter, write ring all-reduce, measure busbw", 90),
+    Module("03", "03_ddp", "DDP", "build DDP from scratch (naive -> bucketed -> overlapped), compare with torch DDP", 90),
+    Module("04", "04_zero", "ZeRO", "build ZeRO-1/2/3, measure per-rank memory and communication against the formulas", 120),
+    Module("05", "05_fsdp", "FSDP", "FSDP2 `fully_shard` on a transformers model, wrapping, mixed precision, checkpoints", 90),
+    Module("06", "06_tensor_parallel", "tensor parallelism", "Megatron column/row parallel by hand, then DTensor; sequence parallelism", 120),
+    Module("07", "07_pipeline_parallel", "pipeline parallelism", "schedules and bubbles, GPipe by hand, torch.distributed.pipelining", 120),
+    Module("08", "08_3d_parallelism", "3D parallelism", "DeviceMesh, TP+FSDP, PP+DP, a planner for real clusters, case studies", 120),
+    Module("09", "09_interview_prep", "interview prep", "answer numeric questions fast, design a 70B run, diagnose a slow run", 60),
+)
+
+
+def repo_root() -> Path:
+    """The checkout that holds notebooks/ (labkit is installed editable from it)."""
+    return Path(__file__).resolve().parent.parent
+
+
+def notebook_path(module: Module, root: Path | None = None) -> Path:
+    return (root or repo_root()) / "notebooks" / f"{module.notebook}.ipynb"
+
+
+def available(root: Path | None = None) -> list[Module]:
+    """The modules whose notebook exists in this checkout."""
+    return [m for m in MODULES if notebook_path(m, root).exists()]
+
+
+def markdown_table(root: Path | None = None) -> str:
+    """The course map as a Markdown table; modules not written yet are marked 'coming'."""
+    rows = ["| # | notebook | you leave able to | time |", "|---|---|---|---|"]
+    for m in MODULES:
+        name = f"`{m.notebook}.ipynb`" if notebook_path(m, root).exists() else f"{m.title} (coming)"
+        rows.append(f"| {m.number} | {name} | {m.outcome} | ~{m.minutes} min |")
+    return "\n".join(rows)
+
+
+def total_minutes() -> int:
+    return sum(m.minutes for m in MODULES)
+
+
+def lab_command(port: int | None = None, token: str | None = None, open_browser: bool = True,
+                notebook: str = "notebooks/00_welcome.ipynb") -> list[str]:
+    """The JupyterLab command `make lab` runs: bound to 127.0.0.1 (never to the network), token
+    authentication on, serving the checkout, opening the welcome notebook."""
+    root = repo_root()
+    cmd = [sys.executable, "-m", "jupyterlab", notebook,
+           f"--ServerApp.root_dir={root}", "--ServerApp.ip=127.0.0.1",
+           f"--ServerApp.port={port if port is not None else 8888}",
+           f"--ServerApp.open_browser={bool(open_browser)}"]
+    if token is not None:
+        cmd.append(f"--IdentityProvider.token={token}")
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-root")  # cloud images often run as root; Jupyter refuses otherwise
+    return cmd

@@ -1,0 +1,258 @@
+"""`labkit doctor`: one screen that says whether this machine is ready for the course.
+
+Each check returns a `Check` with a status:
+- ok:   present and working;
+- info: a fact (e.g. "no GPU: labs run on CPU over gloo"), never a problem;
+- warn: works, but something a learner should know (e.g. fewer cores than ranks);
+- fail: a missing piece; `fix` says what to do. Any fail makes the exit code non-zero.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+import importlib.metadata as md
+import os
+from pathlib import Path
+import platform
+import shutil
+import subprocess
+import sys
+import time
+
+from labkit import system
+
+MIN_PYTHON = (3, 10)
+WIDGETS_EXTENSION = "@jupyter-widgets/jupyterlab-manager"
+SETUP_FIX = "run `make lab` (or `make test`) from the checkout: it creates .venv and installs everything"
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # "ok" | "info" | "warn" | "fail"
+    detail: str
+    fix: str = ""
+    data: dict = field(default_factory=dict)
+
+
+@dataclass
+class Report:
+    checks: list[Check]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    @property
+    def failures(self) -> list[Check]:
+        return [c for c in self.checks if c.status == "fail"]
+
+    def __getitem__(self, name: str) -> Check:
+        for c in self.checks:
+            if c.name == name:
+                return c
+        raise KeyError(f"no check named {name!r}; checks: {', '.join(c.name for c in self.checks)}")
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, "checks": [asdict(c) for c in self.checks]}
+
+    def text(self) -> str:
+        mark = {"ok": "ok  ", "info": "--  ", "warn": "WARN", "fail": "FAIL"}
+        width = max(len(c.name) for c in self.checks)
+        lines = ["labkit doctor: is this machine ready for the Distributed Training Lab?", ""]
+        for c in self.checks:
+            detail = c.detail.replace("\n", "\n" + " " * (width + 9))
+            lines.append(f"  [{mark[c.status]}] {c.name:<{width}}  {detail}")
+        lines.append("")
+        if self.ok:
+            lines.append("Ready: every lab of the course can run here.")
+        else:
+            lines.append(f"Not ready: {len(self.failures)} missing piece(s):")
+            for c in self.failures:
+                lines.append(f"  - {c.name}: {c.fix or c.detail}")
+        return "\n".join(lines)
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
+def check_python() -> Check:
+    v = sys.version_info
+    detail = f"{platform.python_version()} ({sys.executable})"
+    if v[:2] < MIN_PYTHON:
+        return Check("python", "fail", detail, f"use Python {MIN_PYTHON[0]}.{MIN_PYTHON[1]} or newer (3.11 recommended)")
+    return Check("python", "ok", detail)
+
+
+def check_torch() -> Check:
+    try:
+        import torch
+    except ImportError:
+        return Check("torch", "fail", "not installed", "pip install torch==2.13.0 (or " + SETUP_FIX + ")")
+    build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU"
+    return Check("torch", "ok", f"{torch.__version__} ({build} build)",
+                 data={"version": torch.__version__, "cuda": torch.version.cuda})
+
+
+def check_gpus() -> Check:
+    try:
+        import torch
+    except ImportError:
+        return Check("gpus", "info", "unknown (torch missing)")
+    n = system.cuda_device_count()
+    if n == 0:
+        why = "CPU build of torch" if not torch.version.cuda else "no CUDA device visible"
+        return Check("gpus", "info", f"none ({why}): labs run on CPU over gloo", data={"count": 0})
+    gpus = []
+    for i in range(n):
+        p = torch.cuda.get_device_properties(i)
+        gpus.append({"index": i, "name": p.name, "memory_bytes": p.total_memory,
+                     "compute_capability": f"{p.major}.{p.minor}"})
+    lines = [f"{n} GPU(s)"] + [
+        f"cuda:{g['index']} {g['name']}, {g['memory_bytes'] / 1e9:.1f} GB ({g['memory_bytes'] / 2**30:.1f} GiB), "
+        f"compute capability {g['compute_capability']}" for g in gpus]
+    return Check("gpus", "ok", "\n".join(lines), data={"count": n, "gpus": gpus})
+
+
+def check_topology() -> Check:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return Check("gpu topology", "info", "nvidia-smi not found (no NVIDIA driver here)")
+    try:
+        out = subprocess.run([smi, "topo", "-m"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Check("gpu topology", "warn", f"nvidia-smi topo -m failed: {exc}")
+    if out.returncode != 0:
+        return Check("gpu topology", "warn", f"nvidia-smi topo -m exited {out.returncode}: {out.stderr.strip()}")
+    return Check("gpu topology", "ok", "nvidia-smi topo -m\n" + out.stdout.rstrip(), data={"topo": out.stdout})
+
+
+def check_backends() -> list[Check]:
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        return [Check("gloo", "fail", "torch missing", SETUP_FIX)]
+    checks = []
+    if not dist.is_available():
+        return [Check("gloo", "fail", "torch.distributed is not available in this torch build",
+                      "install a torch build with distributed support: pip install torch==2.13.0")]
+    gloo = dist.is_gloo_available()
+    checks.append(Check("gloo", "ok" if gloo else "fail", "available" if gloo else "missing",
+                        "" if gloo else "install a torch build with gloo: pip install torch==2.13.0"))
+    if dist.is_nccl_available() and torch.cuda.is_available():
+        v = torch.cuda.nccl.version()
+        ver = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+        checks.append(Check("nccl", "ok", f"available, version {ver}", data={"version": ver}))
+    elif dist.is_nccl_available():
+        checks.append(Check("nccl", "info", "built in, but no GPU visible: labs use gloo"))
+    else:
+        checks.append(Check("nccl", "info", "not available (CPU build of torch): labs use gloo"))
+    return checks
+
+
+def _meminfo() -> dict[str, int]:
+    out = {}
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            key, value = line.split(":", 1)
+            out[key] = int(value.split()[0]) * 1024
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+def check_cpu_ram() -> list[Check]:
+    cores = os.cpu_count() or 1
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores
+    cpu = Check("cpu cores", "ok", f"{usable} usable ({cores} in the machine)", data={"cores": usable})
+    mem = _meminfo()
+    if not mem:
+        return [cpu, Check("ram", "info", "unknown (no /proc/meminfo)")]
+    total, avail = mem.get("MemTotal", 0), mem.get("MemAvailable", 0)
+    # A 4-rank lab with transformers holds about 4 x 0.4 GB; below 4 GB available it gets tight.
+    status = "ok" if avail >= 4e9 else "warn"
+    detail = (f"{total / 1e9:.1f} GB total ({total / 2**30:.1f} GiB), "
+              f"{avail / 1e9:.1f} GB available ({avail / 2**30:.1f} GiB)")
+    return [cpu, Check("ram", status, detail, "" if status == "ok" else "close other programs: labs want ~4 GB free",
+                       data={"total_bytes": total, "available_bytes": avail})]
+
+
+def check_lab_defaults() -> Check:
+    try:
+        nproc = system.default_nproc()
+        backend = system.default_backend(nproc)
+    except (ImportError, ValueError) as exc:
+        return Check("lab defaults", "fail", str(exc), SETUP_FIX)
+    device = "one GPU per rank" if backend == "nccl" else "CPU"
+    return Check("lab defaults", "ok", f"{nproc} ranks per node, backend {backend} on {device}",
+                 data={"nproc": nproc, "backend": backend})
+
+
+def check_launch(nproc: int = 2, timeout: float = 120.0) -> Check:
+    """Start `nproc` local ranks with the hello lab and check their all-reduce."""
+    name = f"{nproc}-rank launch"
+    try:
+        from labkit.launch import LabError, run_lab
+    except ImportError as exc:
+        return Check(name, "fail", f"labkit.launch cannot be imported: {exc}", SETUP_FIX)
+    t0 = time.perf_counter()
+    try:
+        result = run_lab("labkit.labs.hello", nproc=nproc, timeout=timeout, quiet=True)
+    except LabError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return Check(name, "fail", f"the hello lab failed: {first}",
+                     "run `labkit run hello -n 2` to see every rank's output")
+    seconds = time.perf_counter() - t0
+    expected = sum(range(1, nproc + 1))  # each rank contributes rank + 1
+    got = [r.get("all_reduce") for r in result.results]
+    backend = result.results[0].get("backend") if result.results else "?"
+    if got != [expected] * nproc:
+        return Check(name, "fail", f"all-reduce gave {got}, expected {expected} on every rank",
+                     "report this: the collective returned a wrong sum")
+    return Check(name, "ok", f"{nproc} ranks started and all-reduced over {backend} "
+                             f"(sum {expected} on every rank) in {seconds:.1f} s",
+                 data={"seconds": seconds, "backend": backend})
+
+
+def check_jupyter() -> list[Check]:
+    checks = []
+    lab, widgets = _version("jupyterlab"), _version("ipywidgets")
+    checks.append(Check("jupyterlab", "ok" if lab else "fail", lab or "not installed",
+                        "" if lab else SETUP_FIX))
+    checks.append(Check("ipywidgets", "ok" if widgets else "fail", widgets or "not installed",
+                        "" if widgets else SETUP_FIX))
+    try:
+        from jupyter_core.paths import jupyter_path
+        dirs = [Path(p) / WIDGETS_EXTENSION for p in jupyter_path("labextensions")]
+    except ImportError:
+        dirs = []
+    found = next((d for d in dirs if (d / "package.json").exists()), None)
+    if found:
+        checks.append(Check("widgets extension", "ok", f"{WIDGETS_EXTENSION} ({found.parent})"))
+    else:
+        checks.append(Check("widgets extension", "fail", f"{WIDGETS_EXTENSION} not found: calculators will not render",
+                            "pip install 'ipywidgets>=8' jupyterlab_widgets in the same environment as JupyterLab"))
+    return checks
+
+
+def check_port() -> Check:
+    try:
+        port = system.free_port()
+    except OSError as exc:
+        return Check("free port", "fail", f"cannot bind 127.0.0.1: {exc}",
+                     "labs rendezvous on 127.0.0.1; check the loopback interface and firewall")
+    return Check("free port", "ok", f"127.0.0.1:{port} can be bound (labs pick their own port)", data={"port": port})
+
+
+def run_checks(launch: bool = True, nproc: int = 2, timeout: float = 120.0) -> Report:
+    """All checks, in the order a person reads them. `launch=False` skips starting ranks."""
+    checks = [check_python(), check_torch(), check_gpus(), check_topology(), *check_backends(),
+              *check_cpu_ram(), check_lab_defaults()]
+    if launch:
+        checks.append(check_launch(nproc=nproc, timeout=timeout))
+    checks += [*check_jupyter(), check_port()]
+    return Report(checks)

@@ -1,0 +1,36 @@
+"""Shared test set-up: tiers are marked (multirank, notebook, server, gpu, slow); GPU tests skip
+cleanly without CUDA; fixture notebooks are data, never collected by nbval."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+collect_ignore_glob = ["fixtures/*", "labs/*"]
+
+# Ranks started by tests share 2 cores: one thread each keeps them from fighting.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    if _has_cuda():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (run `make test-gpu` on a GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return ROOT

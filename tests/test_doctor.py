@@ -1,0 +1,77 @@
+"""`labkit doctor`: the report on this machine, its JSON form, and that missing pieces fail."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from labkit import doctor
+from labkit.commands import doctor as doctor_cmd
+
+EXPECTED = ["python", "torch", "gpus", "gpu topology", "gloo", "nccl", "cpu cores", "ram",
+            "lab defaults", "jupyterlab", "ipywidgets", "widgets extension", "free port"]
+
+
+def _args(**kw):
+    base = dict(json=False, no_launch=True, nproc=2, timeout=120.0)
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+def test_report_on_this_machine_is_ready():
+    report = doctor.run_checks(launch=False)
+    assert [c.name for c in report.checks] == EXPECTED
+    assert report.ok, report.text()
+    import torch
+    assert torch.__version__ in report["torch"].detail
+    assert report["cpu cores"].data["cores"] == len(os.sched_getaffinity(0))
+    assert report["lab defaults"].data["backend"] in ("gloo", "nccl")
+
+
+def test_json_output_is_machine_readable():
+    r = subprocess.run([sys.executable, "-m", "labkit", "doctor", "--json", "--no-launch"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    data = json.loads(r.stdout)
+    assert data["ok"] is True
+    assert [c["name"] for c in data["checks"]] == EXPECTED
+    assert all(c["status"] in ("ok", "info", "warn", "fail") for c in data["checks"])
+
+
+def test_missing_widgets_extension_fails_with_a_fix(monkeypatch, capsys):
+    monkeypatch.setattr(doctor, "WIDGETS_EXTENSION", "@jupyter-widgets/not-installed")
+    assert doctor_cmd.run(_args()) == 1
+    out = capsys.readouterr().out
+    assert "[FAIL] widgets extension" in out
+    assert "Not ready: 1 missing piece(s)" in out and "pip install" in out
+
+
+def test_old_python_fails(monkeypatch):
+    monkeypatch.setattr(doctor, "MIN_PYTHON", (99, 0))
+    check = doctor.check_python()
+    assert check.status == "fail" and "99.0" in check.fix
+
+
+def test_topology_is_shown_when_nvidia_smi_exists(tmp_path, monkeypatch):
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho '        GPU0    GPU1'\necho 'GPU0     X      NV18'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    check = doctor.check_topology()
+    assert check.status == "ok" and "NV18" in check.detail
+
+
+def test_bad_nproc_is_refused(capsys):
+    assert doctor_cmd.run(_args(nproc=1)) == 2
+    assert "at least 2 ranks" in capsys.readouterr().out
+
+
+@pytest.mark.multirank
+def test_two_ranks_start_and_all_reduce():
+    check = doctor.check_launch(nproc=2, timeout=120)
+    assert check.status == "ok", check.detail
+    assert check.data["seconds"] > 0 and check.data["backend"] == "gloo"

@@ -1,0 +1,28 @@
+"""Figures for the course (layer 2: views). Each plot function returns a matplotlib Figure built
+with the object API (no pyplot state), so it works the same in a notebook, a widget and a test.
+`png_bytes(fig)` renders one for an `ipywidgets.Image`."""
+from __future__ import annotations
+
+import io
+
+GB = 1e9
+GiB = 2**30
+
+
+def new_figure(width: float = 7.0, height: float = 3.5):
+    """A Figure not registered with pyplot (so widgets never leak open figures)."""
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def png_bytes(fig, dpi: int = 100) -> bytes:
+    """Render a Figure to PNG bytes (for `widgets.Image.value`)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    return buf.getvalue()
+
+
+def fmt_bytes(n: float) -> str:
+    """'80.00 GB (74.51 GiB)': both units, as the course shows every size a person reads."""
+    return f"{n / GB:,.2f} GB ({n / GiB:,.2f} GiB)"

@@ -114,3 +114,25 @@ def test_importing_labkit_does_not_import_torch():
     code = "import labkit, labkit.cli, labkit.course, labkit.validate, sys; print('torch' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "False"
+
+
+def test_second_setup_is_a_no_op():
+    """`make lab` / `make test` install only when pyproject.toml or the Makefile changed."""
+    stamp = ROOT / ".venv" / ".labkit-installed"
+    if not stamp.exists():
+        pytest.skip("this environment was not set up by the Makefile")
+    r = subprocess.run(["make", "-q", ".venv/.labkit-installed"], cwd=ROOT)
+    assert r.returncode == 0, "make would reinstall although nothing changed"
+    r = subprocess.run(["make", "-n", "setup"], cwd=ROOT, capture_output=True, text=True)
+    assert "pip install" not in r.stdout
+
+
+@pytest.mark.slow
+def test_pip_install_in_an_env_with_torch_installs_nothing_else():
+    """`pip install -e .` where torch 2.13 is present resolves without touching torch."""
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-build-isolation",
+                        "--disable-pip-version-check", "-e", str(ROOT)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    would = [line for line in r.stdout.splitlines() if line.startswith("Would install")]
+    assert would and "torch" not in would[0], would

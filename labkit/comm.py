@@ -1,0 +1,292 @@
+"""Collective costs: alpha-beta times, nccl-tests' algbw/busbw, and what each strategy sends.
+
+The size convention, the same everywhere in this module and the same as nccl-tests
+(NVIDIA/nccl-tests, doc/PERFORMANCE.md): `nbytes` (S) is the size of the *whole* buffer of the
+operation:
+- all_reduce, broadcast, reduce: the buffer each rank holds;
+- all_gather: the gathered output (n x each rank's input);
+- reduce_scatter: the input before scattering (n x each rank's output);
+- all_to_all: each rank's whole send buffer (n chunks of S / n);
+- send_recv: the message.
+
+nccl-tests: algbw = S / t; busbw = algbw x factor, with factor 2(n-1)/n for all_reduce,
+(n-1)/n for all_gather, reduce_scatter and all_to_all, 1 for broadcast, reduce and send_recv.
+busbw is the per-rank, per-direction link speed a ring-optimal algorithm would need, so it can
+be compared with `labkit.hardware.LINKS[...].bandwidth` whatever n is.
+
+Times are alpha-beta: t = steps * alpha + bytes on the busiest link / bandwidth (Hockney 1994;
+Thakur, Rabenseifner and Gropp 2005 for the ring and tree algorithms), with `bandwidth` per
+rank per direction and `latency` = alpha per step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+import math
+
+from labkit import validate
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all",
+       "send_recv")
+ALGORITHMS = ("ring", "tree")
+_TREE_OPS = ("all_reduce", "broadcast", "reduce")
+
+
+def bus_factor(op: str, world_size: int) -> float:
+    """nccl-tests' busbw / algbw factor for `op` on `world_size` ranks."""
+    validate.choice("op", op, OPS)
+    n = validate.positive_int("world_size", world_size)
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    return 1.0
+
+
+def algbw(nbytes, seconds) -> float:
+    """nccl-tests' algorithm bandwidth S / t, bytes/s."""
+    return validate.non_negative("nbytes", nbytes) / validate.positive("seconds", seconds)
+
+
+algorithm_bandwidth = algbw
+
+
+def bus_bandwidth(op, nbytes, seconds, world_size) -> float:
+    """nccl-tests' bus bandwidth, bytes/s: algbw x bus_factor(op, world_size)."""
+    return algbw(nbytes, seconds) * bus_factor(op, world_size)
+
+
+def bytes_sent_per_rank(op, nbytes, world_size) -> float:
+    """Bytes each rank sends (and receives) under the ring algorithm: all_reduce 2(n-1)/n S,
+    all_gather / reduce_scatter / all_to_all (n-1)/n S, broadcast / reduce S (a pipelined chain;
+    the last rank sends nothing, the others S), send_recv S. Equal to S x bus_factor."""
+    n = validate.positive_int("world_size", world_size)
+    S = validate.non_negative("nbytes", nbytes)
+    return 0.0 if n == 1 else S * bus_factor(op, n)
+
+
+def collective_time(op, nbytes, world_size, bandwidth, latency=0.0, algorithm="ring") -> float:
+    """Seconds for one collective under the alpha-beta model.
+
+    ring (n ranks, S = nbytes as in the module docstring, B = bandwidth, alpha = latency):
+      all_reduce                  2(n-1) alpha + 2(n-1)/n S/B   (reduce-scatter + all-gather)
+      all_gather, reduce_scatter  (n-1) alpha + (n-1)/n S/B
+      all_to_all                  (n-1) alpha + (n-1)/n S/B     (pairwise exchange, full bisection)
+      broadcast, reduce           (n-1) alpha + S/B             (pipelined chain, S >> chunk)
+      send_recv                   alpha + S/B
+    tree (NCCL's double binary tree; Sanders, Speck and Traeff 2009; only for all_reduce,
+    broadcast, reduce, as in NCCL):
+      all_reduce                  2 ceil(log2 n) alpha + 2 S/B  (reduce up, broadcast down, each
+                                  rank sends S/2 per tree per phase over two trees)
+      broadcast, reduce           ceil(log2 n) alpha + S/B
+    With these, bus_bandwidth(op, S, collective_time(op, S, n, B), n) == B for every ring op at
+    zero latency. world_size 1 costs nothing.
+    """
+    validate.choice("op", op, OPS)
+    validate.choice("algorithm", algorithm, ALGORITHMS)
+    n = validate.positive_int("world_size", world_size)
+    S = validate.non_negative("nbytes", nbytes)
+    B = validate.positive("bandwidth", bandwidth)
+    a = validate.non_negative("latency", latency)
+    if n == 1:
+        return 0.0
+    if algorithm == "tree":
+        if op not in _TREE_OPS:
+            allowed = ", ".join(repr(o) for o in _TREE_OPS)
+            raise ValueError(f"algorithm='tree' is not defined for op={op!r}; allowed ops for "
+                             f"tree: {allowed} (use algorithm='ring')")
+        depth = math.ceil(math.log2(n))
+        if op == "all_reduce":
+            return 2 * depth * a + 2 * S / B
+        return depth * a + S / B
+    steps = {"all_reduce": 2 * (n - 1), "send_recv": 1}.get(op, n - 1)
+    return steps * a + bytes_sent_per_rank(op, S, n) / B
+
+
+# ---- communication per training step ---------------------------------------------------------
+
+@dataclass
+class Collective:
+    op: str
+    count: int          # how many times per step
+    nbytes: float       # payload of each, nccl-tests' S
+    group: int          # ranks taking part
+    why: str = ""
+
+    @property
+    def sent(self) -> float:
+        """Bytes this rank sends for all `count` of them (ring algorithm)."""
+        return self.count * bytes_sent_per_rank(self.op, self.nbytes, self.group)
+
+
+@dataclass
+class StepComm:
+    """Communication of one rank in one training step.
+
+    by_op:   {op: (count, bytes sent per rank)}   bytes on the wire, ring algorithms
+    payload: {op: (count, payload bytes)}         sum of nccl-tests' S (tensor sizes passed in)
+    total_bytes: sum of the bytes sent per rank over all ops.
+    """
+
+    strategy: str
+    collectives: list = field(default_factory=list)
+    notes: str = ""
+
+    def _sum(self, attr):
+        out: dict = {}
+        for c in self.collectives:
+            count, value = out.get(c.op, (0, 0.0))
+            out[c.op] = (count + c.count, value + (c.sent if attr == "sent" else c.count * c.nbytes))
+        return out
+
+    @property
+    def by_op(self) -> dict:
+        return self._sum("sent")
+
+    @property
+    def payload(self) -> dict:
+        return self._sum("payload")
+
+    @property
+    def total_bytes(self) -> float:
+        return sum(c.sent for c in self.collectives)
+
+    @property
+    def total_payload(self) -> float:
+        return sum(c.count * c.nbytes for c in self.collectives)
+
+    def time(self, bandwidth, latency=0.0, algorithm="ring") -> float:
+        """Seconds if every collective ran back to back (no overlap with compute)."""
+        return sum(c.count * collective_time(c.op, c.nbytes, c.group, bandwidth, latency,
+                                             algorithm if c.op in _TREE_OPS else "ring")
+                   for c in self.collectives)
+
+
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "tp", "pp", "cp")
+RECOMPUTE = ("none", "selective", "full")
+
+
+def step_communication(strategy, model=None, num_params=None, dp=1, tp=1, pp=1, cp=1,
+                       batch_size=1, seq_len=None, microbatches=1, sequence_parallel=False,
+                       recompute="none", param_bytes=4, grad_bytes=4, activation_bytes=2,
+                       units=None, reshard_after_forward=True, chunks=1) -> StepComm:
+    """What one rank communicates in one training step under `strategy` (the busiest rank).
+
+    Data parallel (group dp; Psi = parameters this rank's replica holds, i.e. / (tp x pp)):
+    - "ddp": one all_reduce of the gradients, Psi x grad_bytes (PyTorch DDP buckets it; the
+      total is the same). Gradients are accumulated locally over micro-batches.
+    - "zero1", "zero2": reduce_scatter of the gradients + all_gather of the updated weights:
+      the same 2 Psi volume as DDP's all-reduce (Rajbhandari et al. 2020, §7.2.1).
+    - "zero3": per micro-batch, all_gather of the weights for the forward, again for the
+      backward, and reduce_scatter of the gradients: 3 Psi, 1.5x DDP (§7.2.2).
+    - "fsdp": ZeRO-3 per wrapping unit. With a model: one unit per transformer layer plus the
+      root (embeddings, final norm, head), and like FSDP2 the root keeps its weights after the
+      forward (no backward all_gather); with `units=k` and a parameter count: k equal units.
+      reshard_after_forward=False drops the backward all-gathers (ZeRO-2-like).
+    Tensor parallel (group tp; Megatron-LM, Shoeybi et al. 2019, §3; Korthikanti et al. 2022):
+    - "tp": per layer and micro-batch, 2 all_reduce in the forward (after attention and MLP)
+      and 2 in the backward (the conjugate f operators), each b x s x h x activation_bytes.
+      With sequence_parallel each all_reduce becomes an all_gather + reduce_scatter of the same
+      S (same bytes on the wire). recompute="full" repeats the forward's collectives. The
+      vocab-parallel embedding and loss (one all-reduce of b s h each way, plus tiny ones) are
+      not counted.
+    - "pp": send/recv of b x s x h x activation_bytes per micro-batch and stage boundary,
+      activations forward and their gradients backward (Narayanan et al. 2021); with
+      `chunks` > 1 (interleaved) a micro-batch crosses each rank `chunks` times. With
+      sequence_parallel Megatron sends each tp rank's 1/tp slice (scatter-gather).
+    - "cp": ring attention (Liu et al. 2023; Megatron-LM context parallelism): per layer and
+      micro-batch, cp - 1 send_recv of this rank's K and V blocks in the forward, and in the
+      backward cp - 1 of K, V plus cp - 1 of dK, dV; each 2 x b x (s/cp) x kv_size/tp x bytes.
+    Gradient reduction across dp is not part of "tp", "pp" or "cp"; add "ddp" or "zero*".
+    """
+    from labkit.memory import stage_params
+    from labkit.models import get_model
+
+    validate.choice("strategy", strategy, STRATEGIES)
+    validate.choice("recompute", recompute, RECOMPUTE)
+    dp, tp, pp, cp, m, v = (validate.positive_int(k, x) for k, x in
+                            (("dp", dp), ("tp", tp), ("pp", pp), ("cp", cp),
+                             ("microbatches", microbatches), ("chunks", chunks)))
+    pb, gb, ab = (validate.positive(k, x) for k, x in (("param_bytes", param_bytes),
+                  ("grad_bytes", grad_bytes), ("activation_bytes", activation_bytes)))
+    spec = None if model is None else get_model(model)
+    out = StepComm(strategy)
+    add = out.collectives.append
+
+    if strategy in ("ddp", "zero1", "zero2", "zero3", "fsdp"):
+        if spec is None and num_params is None:
+            raise ValueError(f"strategy={strategy!r} needs model= or num_params=")
+        if spec is not None:
+            psi = max(stage_params(spec, tp, pp)) if pp <= spec.num_layers else None
+            if psi is None:
+                raise ValueError(f"pp={pp} is larger than num_layers={spec.num_layers}")
+        else:
+            psi = validate.positive("num_params", num_params) / (tp * pp)
+        if strategy == "ddp":
+            add(Collective("all_reduce", 1, psi * gb, dp, "gradients"))
+        elif strategy in ("zero1", "zero2"):
+            add(Collective("reduce_scatter", 1, psi * gb, dp, "gradients"))
+            add(Collective("all_gather", 1, psi * pb, dp, "updated weights"))
+        elif strategy == "zero3":
+            add(Collective("all_gather", m, psi * pb, dp, "weights for the forward"))
+            add(Collective("all_gather", m, psi * pb, dp, "weights for the backward"))
+            add(Collective("reduce_scatter", m, psi * gb, dp, "gradients"))
+        else:
+            for size, root in _fsdp_units(spec, psi, units, tp, pp):
+                add(Collective("all_gather", m, size * pb, dp, "forward"))
+                if reshard_after_forward and not root:
+                    add(Collective("all_gather", m, size * pb, dp, "backward"))
+                add(Collective("reduce_scatter", m, size * gb, dp, "gradients"))
+        return out
+
+    if spec is None:
+        raise ValueError(f"strategy={strategy!r} needs model= (a preset name, ModelSpec or "
+                         "config): its sizes come from the model's shapes")
+    s = validate.positive_int("seq_len", spec.max_seq_len if seq_len is None else seq_len)
+    validate.divides("cp", cp, "seq_len", s)
+    validate.divides("tp", tp, "num_heads", spec.num_heads)
+    validate.divides("tp", tp, "num_kv_heads", spec.num_kv_heads)
+    if pp > spec.num_layers:
+        raise ValueError(f"pp={pp} is larger than num_layers={spec.num_layers}; allowed: 1 to "
+                         f"{spec.num_layers}")
+    b = validate.positive_int("batch_size", batch_size)
+    layers = -(-spec.num_layers // pp)           # the busiest stage
+    sbh = b * (s // cp) * spec.hidden_size * ab
+
+    if strategy == "tp":
+        fwd = 2 * layers * m
+        passes = 2 if recompute == "full" else 1
+        if sequence_parallel:
+            add(Collective("all_gather", fwd * passes + fwd, sbh, tp, "g (fwd) / g-bar (bwd)"))
+            add(Collective("reduce_scatter", fwd * passes + fwd, sbh, tp, "g-bar (fwd) / g (bwd)"))
+        else:
+            add(Collective("all_reduce", fwd * passes, sbh, tp, "g: after attention and MLP"))
+            add(Collective("all_reduce", fwd, sbh, tp, "f in the backward"))
+    elif strategy == "pp":
+        if pp > 1:
+            sends = _pp_sends_per_rank(pp, v) * m
+            size = sbh / tp if (sequence_parallel and tp > 1) else sbh
+            add(Collective("send_recv", sends, size, 2, "activations and their gradients"))
+    elif strategy == "cp":
+        if cp > 1:
+            kv = 2 * b * (s // cp) * spec.kv_size / tp * ab
+            per_layer = (cp - 1) * (3 + (1 if recompute == "full" else 0))
+            add(Collective("send_recv", per_layer * layers * m, kv, 2, "K, V and dK, dV blocks"))
+    return out
+
+
+def _fsdp_units(spec, psi, units, tp, pp):
+    """(parameters, is_root) for each FSDP unit of this rank's replica."""
+    if units is not None or spec is None:
+        k = validate.positive_int("units", 1 if units is None else units)
+        return [(psi / k, False)] * k
+    layer = (spec.layer_parts()["attention_sharded"] + spec.layer_parts()["mlp_sharded"]) / tp \
+        + spec.layer_parts()["replicated"]
+    n_layers = -(-spec.num_layers // pp)
+    return [(layer, False)] * n_layers + [(psi - n_layers * layer, True)]
+
+
+def _pp_sends_per_rank(pp: int, chunks: int) -> int:
+    """Sends per micro-batch of the busiest rank: virtual stage k = rank + j*pp sends forward
+    unless it is the last, backward unless it is the first (Narayanan et al. 2021, §2.2)."""
+    last = pp * chunks - 1
+    return max(sum((k != last) + (k != 0) for k in range(r, last + 1, pp)) for r in range(pp))

@@ -1,0 +1,114 @@
+"""Training FLOPs and utilisation (MFU, HFU). Pure Python.
+
+Per token, a training step (forward + backward) costs
+
+    6 * N  +  12 * L * (a * d_head) * s          FLOPs  (model FLOPs)
+
+- 6N: every parameter used in a matrix multiply costs 2 FLOPs per token forward and 4 backward
+  (Kaplan et al. 2020, §2.1). N here counts the LM head (a real matmul, tied or not) and leaves
+  out the embedding lookups (a gather, no FLOPs); norms and biases are counted too (tiny).
+- 12 L a d_head s: the attention scores Q K^T and their product with V, 4 * s * a * d_head FLOPs
+  per token per layer forward, times 3 for training (Chowdhery et al. 2022, PaLM, Appendix B;
+  the same term appears in Narayanan et al. 2021, eq. 3). Causal masking is not discounted, as
+  in PaLM and Megatron-LM; Kaplan et al. count half (2 n_layer n_ctx d_attn forward); pass
+  `causal=True` for that convention.
+
+MFU = model FLOPs achieved / peak (PaLM, Appendix B). HFU also counts the FLOPs the hardware
+spends recomputing activations (Korthikanti et al. 2022, §6): full recompute repeats the layers' forward
+(+ 2 N_layers + 4 L a d_head s per token; Narayanan et al. 2021's 96 B s l h^2 form), selective recompute repeats only the attention core
+(+ 4 L a d_head s, or half that with `causal=True`).
+"""
+from __future__ import annotations
+
+import numbers
+
+from labkit import validate
+from labkit.hardware import get_gpu
+from labkit.models import get_model
+
+RECOMPUTE = ("none", "selective", "full")
+
+
+def _matmul_params(model) -> tuple[float, object]:
+    if isinstance(model, numbers.Real) and not isinstance(model, bool):
+        return validate.positive("model (parameter count)", model), None
+    spec = get_model(model)
+    # Drop the lookup tables; keep the head's matmul (a separate tensor already in num_params(),
+    # or the tied embedding used a second time as the head).
+    n = spec.num_params() - spec.embedding_params()
+    if spec.tied_embeddings:
+        n += spec.vocab_size * spec.hidden_size
+    return float(n), spec
+
+
+def attention_flops_per_token(model, seq_len, causal=False) -> float:
+    """Forward attention-score FLOPs per token: 4 * L * (a * d_head) * s (halved if causal)."""
+    spec = get_model(model)
+    s = validate.positive_int("seq_len", seq_len)
+    f = 4 * spec.num_layers * spec.q_size * s
+    return f / 2 if causal else float(f)
+
+
+def flops_per_token(model, seq_len=None, causal=False, recompute="none",
+                    hardware=False) -> float:
+    """Training FLOPs per token: model FLOPs 6N + 3 * attention, or (hardware=True) what the
+    GPU executes including recomputation. `model` may be a plain parameter count (then 6N
+    only: no shapes, no attention term)."""
+    validate.choice("recompute", recompute, RECOMPUTE)
+    n, spec = _matmul_params(model)
+    attn = 0.0
+    if spec is not None:
+        s = spec.max_seq_len if seq_len is None else seq_len
+        attn = attention_flops_per_token(spec, s, causal)
+    total = 6 * n + 3 * attn
+    if hardware:
+        if recompute == "full":
+            # one more forward of the transformer layers (the embedding, final norm and head
+            # sit outside the checkpointed layers and are not recomputed)
+            layers = n if spec is None else spec.num_layers * spec.params_per_layer()
+            total += 2 * layers + attn
+        elif recompute == "selective":
+            total += attn                  # the attention core again
+    return total
+
+
+def flops_per_step(model, batch_size, seq_len=None, causal=False, recompute="none",
+                   hardware=False) -> float:
+    """Training FLOPs of one step over `batch_size` sequences (the global batch) of seq_len."""
+    b = validate.positive_int("batch_size", batch_size)
+    spec_len = seq_len if seq_len is not None else get_model(model).max_seq_len
+    s = validate.positive_int("seq_len", spec_len)
+    return flops_per_token(model, s, causal, recompute, hardware) * b * s
+
+
+def mfu(model, tokens_per_second, gpu, num_gpus=1, seq_len=None, dtype="bf16",
+        causal=False) -> float:
+    """Model FLOPs utilisation: model FLOPs per token x tokens/s / (num_gpus x dense peak)."""
+    tps = validate.positive("tokens_per_second", tokens_per_second)
+    g = validate.positive_int("num_gpus", num_gpus)
+    peak = get_gpu(gpu).flops(dtype)
+    return flops_per_token(model, seq_len, causal) * tps / (g * peak)
+
+
+def hfu(model, tokens_per_second, gpu, num_gpus=1, seq_len=None, dtype="bf16",
+        causal=False, recompute="none") -> float:
+    """Hardware FLOPs utilisation: like MFU but counting recomputed FLOPs (HFU >= MFU)."""
+    tps = validate.positive("tokens_per_second", tokens_per_second)
+    g = validate.positive_int("num_gpus", num_gpus)
+    peak = get_gpu(gpu).flops(dtype)
+    return flops_per_token(model, seq_len, causal, recompute, hardware=True) * tps / (g * peak)
+
+
+def megatron_flops_per_step(batch_size, seq_len, num_layers, hidden_size, vocab_size,
+                            recompute="full") -> float:
+    """Narayanan et al. 2021, eq. (3): 96 B s l h^2 (1 + s/(6h) + V/(16 l h)) with full
+    recompute (4 passes), or 72 B s l h^2 (1 + s/(6h) + V/(12 l h)) without (3 passes). For a
+    GPT layer with no biases or norms; a cross-check of `flops_per_step`."""
+    B, s, l, h, V = (validate.positive_int(k, v) for k, v in
+                     (("batch_size", batch_size), ("seq_len", seq_len),
+                      ("num_layers", num_layers), ("hidden_size", hidden_size),
+                      ("vocab_size", vocab_size)))
+    validate.choice("recompute", recompute, ("none", "full"))
+    if recompute == "full":
+        return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+    return 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))

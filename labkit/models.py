@@ -1,0 +1,281 @@
+"""Transformer architectures as plain numbers: `ModelSpec`, presets, exact parameter counts.
+
+Pure Python (no torch at import): the calculators recompute on every widget change.
+
+    >>> spec = get_model("llama2-7b")
+    >>> spec.num_params()
+    6738415616
+
+`num_params()` equals `sum(p.numel() for p in model.parameters())` of the transformers model
+built from `spec.to_hf_config()` (tests check every preset on the meta device). Tied embeddings
+are one tensor, counted once, exactly as `model.parameters()` yields them once.
+
+Two families are described:
+- "gpt2": learned position embeddings, LayerNorm (weight and bias), fused QKV with biases,
+  a 4h GELU MLP with biases, LM head tied to the token embedding (Radford et al. 2019; HF
+  `GPT2LMHeadModel`).
+- "llama" (and "mistral", "qwen2", same layer shape): RoPE (no position parameters), RMSNorm
+  (weight only), grouped-query attention (kv_heads <= heads), gated SiLU MLP (gate, up, down),
+  no biases except where the architecture has them (Qwen2: q, k, v biases) (Touvron et al.
+  2023; Jiang et al. 2023; Qwen2 technical report 2024; HF `LlamaForCausalLM` etc.).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from labkit import validate
+
+ARCHS = ("gpt2", "llama", "mistral", "qwen2")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer's shape. Sizes are counts (not bytes).
+
+    `ffn_size` is the MLP's inner width (GPT-2: 4 * hidden; Llama: intermediate_size).
+    `qkv_bias` / `out_bias` / `mlp_bias`: whether those projections carry biases.
+    """
+
+    name: str
+    arch: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    ffn_size: int
+    vocab_size: int
+    max_seq_len: int
+    head_dim: int | None = None          # None: hidden_size // num_heads
+    gated_mlp: bool = True
+    tied_embeddings: bool = False
+    norm: str = "rmsnorm"                # "rmsnorm" (weight) | "layernorm" (weight + bias)
+    learned_positions: bool = False      # GPT-2's wpe table
+    qkv_bias: bool = False
+    out_bias: bool = False
+    mlp_bias: bool = False
+    extra: tuple = ()                    # extra HF config fields (key, value) for to_hf_config()
+
+    def __post_init__(self):
+        validate.choice("arch", self.arch, ARCHS)
+        validate.choice("norm", self.norm, ("rmsnorm", "layernorm"))
+        for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_size",
+                      "vocab_size", "max_seq_len"):
+            validate.positive_int(field, getattr(self, field))
+        validate.divides("num_kv_heads", self.num_kv_heads, "num_heads", self.num_heads)
+        if self.head_dim is None:
+            validate.divides("num_heads", self.num_heads, "hidden_size", self.hidden_size)
+        else:
+            validate.positive_int("head_dim", self.head_dim)
+
+    # ---- shapes -------------------------------------------------------------------------
+    @property
+    def d_head(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_heads
+
+    @property
+    def q_size(self) -> int:
+        """Width of the query projection's output (num_heads * head_dim)."""
+        return self.num_heads * self.d_head
+
+    @property
+    def kv_size(self) -> int:
+        """Width of each of the key and value projections' outputs (num_kv_heads * head_dim)."""
+        return self.num_kv_heads * self.d_head
+
+    # ---- parameter counts ---------------------------------------------------------------
+    def layer_parts(self) -> dict[str, int]:
+        """Parameters of one transformer layer, split by how tensor parallelism treats them.
+
+        - "attention_sharded": q, k, v, o weights and the column-parallel (q, k, v) biases;
+        - "mlp_sharded": MLP weights and the column-parallel (fc / gate / up) biases;
+        - "replicated": norms and the row-parallel biases (o, down), identical on every TP rank
+          (Shoeybi et al. 2019, Megatron-LM §3: the bias of a row-parallel layer is added
+          after the all-reduce).
+        """
+        h, q, kv, f = self.hidden_size, self.q_size, self.kv_size, self.ffn_size
+        attn = h * q + 2 * h * kv + q * h
+        if self.qkv_bias:
+            attn += q + 2 * kv
+        n_in = 2 if self.gated_mlp else 1                 # gate and up, or fc
+        mlp = n_in * h * f + f * h
+        if self.mlp_bias:
+            mlp += n_in * f
+        norm = 2 * h if self.norm == "layernorm" else h   # LayerNorm: weight + bias
+        replicated = 2 * norm                             # pre-attention and pre-MLP norms
+        if self.out_bias:
+            replicated += h
+        if self.mlp_bias:
+            replicated += h
+        return {"attention_sharded": attn, "mlp_sharded": mlp, "replicated": replicated}
+
+    def params_per_layer(self) -> int:
+        return sum(self.layer_parts().values())
+
+    def embedding_params(self) -> int:
+        """Token embedding (vocab x hidden) plus learned position embeddings if any."""
+        n = self.vocab_size * self.hidden_size
+        if self.learned_positions:
+            n += self.max_seq_len * self.hidden_size
+        return n
+
+    def final_norm_params(self) -> int:
+        return 2 * self.hidden_size if self.norm == "layernorm" else self.hidden_size
+
+    def lm_head_params(self) -> int:
+        """Separate output projection; 0 when tied to the token embedding (one shared tensor)."""
+        return 0 if self.tied_embeddings else self.vocab_size * self.hidden_size
+
+    def param_breakdown(self) -> dict[str, int]:
+        """Exact parameter count by component; the values sum to `num_params()`."""
+        L = self.num_layers
+        parts = self.layer_parts()
+        h = self.hidden_size
+        norm = 2 * h if self.norm == "layernorm" else h
+        attn = parts["attention_sharded"] + (h if self.out_bias else 0)
+        mlp = parts["mlp_sharded"] + (h if self.mlp_bias else 0)
+        return {
+            "embeddings": self.embedding_params(),
+            "attention": L * attn,
+            "mlp": L * mlp,
+            "norms": L * 2 * norm + self.final_norm_params(),
+            "lm_head": self.lm_head_params(),
+        }
+
+    def num_params(self) -> int:
+        """Exact number of parameters (tied embeddings counted once)."""
+        return sum(self.param_breakdown().values())
+
+    def non_embedding_params(self) -> int:
+        """Parameters outside the embedding tables and the LM head (Kaplan et al. 2020's N)."""
+        return self.num_params() - self.embedding_params() - self.lm_head_params()
+
+    # ---- transformers interop -----------------------------------------------------------
+    @classmethod
+    def from_hf_config(cls, config: Any, name: str | None = None) -> "ModelSpec":
+        """Read a transformers config (GPT2Config, LlamaConfig, MistralConfig, Qwen2Config, or a
+        dict with the same fields, including `model_type`)."""
+        get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
+        model_type = get("model_type")
+        name = name or get("_name_or_path") or model_type or "custom"
+        if model_type == "gpt2":
+            h = get("n_embd")
+            return cls(
+                name=name, arch="gpt2", num_layers=get("n_layer"), hidden_size=h,
+                num_heads=get("n_head"), num_kv_heads=get("n_head"),
+                ffn_size=get("n_inner") or 4 * h, vocab_size=get("vocab_size"),
+                max_seq_len=get("n_positions"), gated_mlp=False,
+                tied_embeddings=bool(get("tie_word_embeddings", True)), norm="layernorm",
+                learned_positions=True, qkv_bias=True, out_bias=True, mlp_bias=True,
+            )
+        if model_type in ("llama", "mistral", "qwen2"):
+            heads = get("num_attention_heads")
+            h = get("hidden_size")
+            head_dim = get("head_dim") or h // heads
+            bias = bool(get("attention_bias", False))
+            return cls(
+                name=name, arch=model_type, num_layers=get("num_hidden_layers"), hidden_size=h,
+                num_heads=heads, num_kv_heads=get("num_key_value_heads") or heads,
+                ffn_size=get("intermediate_size"), vocab_size=get("vocab_size"),
+                max_seq_len=get("max_position_embeddings"),
+                head_dim=None if head_dim * heads == h else head_dim,
+                gated_mlp=True, tied_embeddings=bool(get("tie_word_embeddings", False)),
+                norm="rmsnorm",
+                # Qwen2 always has q/k/v biases and no o bias; Llama's attention_bias covers all four.
+                qkv_bias=True if model_type == "qwen2" else bias,
+                out_bias=bias if model_type == "llama" else False,
+                mlp_bias=bool(get("mlp_bias", False)) if model_type == "llama" else False,
+            )
+        allowed = ", ".join(repr(a) for a in ARCHS)
+        raise ValueError(f"config.model_type={model_type!r} is not supported; allowed: {allowed}")
+
+    def to_hf_config(self, **overrides):
+        """The matching transformers config (imports transformers, lazily)."""
+        import transformers
+
+        if self.arch == "gpt2":
+            kw = dict(vocab_size=self.vocab_size, n_positions=self.max_seq_len,
+                      n_embd=self.hidden_size, n_layer=self.num_layers, n_head=self.num_heads,
+                      n_inner=None if self.ffn_size == 4 * self.hidden_size else self.ffn_size,
+                      tie_word_embeddings=self.tied_embeddings,
+                      # GPT-2's <|endoftext|> is the last token; keep it inside small vocabularies.
+                      bos_token_id=self.vocab_size - 1, eos_token_id=self.vocab_size - 1)
+            cls = transformers.GPT2Config
+        else:
+            kw = dict(vocab_size=self.vocab_size, hidden_size=self.hidden_size,
+                      intermediate_size=self.ffn_size, num_hidden_layers=self.num_layers,
+                      num_attention_heads=self.num_heads, num_key_value_heads=self.num_kv_heads,
+                      head_dim=self.d_head, max_position_embeddings=self.max_seq_len,
+                      tie_word_embeddings=self.tied_embeddings)
+            if self.arch == "llama":
+                kw.update(attention_bias=self.qkv_bias, mlp_bias=self.mlp_bias)
+            cls = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
+                   "qwen2": transformers.Qwen2Config}[self.arch]
+        kw.update(dict(self.extra))
+        kw.update(overrides)
+        return cls(**kw)
+
+    def with_(self, **changes) -> "ModelSpec":
+        """A copy with some fields changed (validated again)."""
+        return replace(self, **changes)
+
+
+# ---- presets ---------------------------------------------------------------------------
+# Values are the public configs (config.json on the Hugging Face Hub for each model).
+
+def _gpt2(name, h, layers, heads):
+    return ModelSpec(name=name, arch="gpt2", num_layers=layers, hidden_size=h, num_heads=heads,
+                     num_kv_heads=heads, ffn_size=4 * h, vocab_size=50257, max_seq_len=1024,
+                     gated_mlp=False, tied_embeddings=True, norm="layernorm",
+                     learned_positions=True, qkv_bias=True, out_bias=True, mlp_bias=True)
+
+
+def _llama(name, h, layers, heads, kv, ffn, vocab, seq, **extra):
+    return ModelSpec(name=name, arch="llama", num_layers=layers, hidden_size=h, num_heads=heads,
+                     num_kv_heads=kv, ffn_size=ffn, vocab_size=vocab, max_seq_len=seq,
+                     extra=tuple(sorted(extra.items())))
+
+
+PRESETS: dict[str, ModelSpec] = {
+    "gpt2": _gpt2("gpt2", 768, 12, 12),
+    "gpt2-medium": _gpt2("gpt2-medium", 1024, 24, 16),
+    "gpt2-large": _gpt2("gpt2-large", 1280, 36, 20),
+    "gpt2-xl": _gpt2("gpt2-xl", 1600, 48, 25),
+    "llama2-7b": _llama("llama2-7b", 4096, 32, 32, 32, 11008, 32000, 4096, rms_norm_eps=1e-5),
+    "llama2-13b": _llama("llama2-13b", 5120, 40, 40, 40, 13824, 32000, 4096, rms_norm_eps=1e-5),
+    "llama2-70b": _llama("llama2-70b", 8192, 80, 64, 8, 28672, 32000, 4096, rms_norm_eps=1e-5),
+    "llama3-8b": _llama("llama3-8b", 4096, 32, 32, 8, 14336, 128256, 8192,
+                        rms_norm_eps=1e-5, rope_theta=500000.0),
+    "llama3-70b": _llama("llama3-70b", 8192, 80, 64, 8, 28672, 128256, 8192,
+                         rms_norm_eps=1e-5, rope_theta=500000.0),
+    # Llama 3.1 405B (the only released 405B); RoPE scaling does not change the count.
+    "llama3-405b": _llama("llama3-405b", 16384, 126, 128, 8, 53248, 128256, 131072,
+                          rms_norm_eps=1e-5, rope_theta=500000.0),
+    # Tiny Llama-style model the labs train on CPU in about a second. Every size is divisible by
+    # 1, 2 and 4 (heads 8, kv heads 4, ffn 256, vocab 1024, layers 4), so each parallel degree
+    # up to 4 splits it cleanly; untied embeddings so the LM head is its own tensor.
+    "debug": _llama("debug", 128, 4, 8, 4, 256, 1024, 256),
+    # The same size as GPT-2 (LayerNorm, biases, tied embeddings, learned positions).
+    "debug-gpt2": ModelSpec(name="debug-gpt2", arch="gpt2", num_layers=4, hidden_size=128,
+                            num_heads=8, num_kv_heads=8, ffn_size=512, vocab_size=1024,
+                            max_seq_len=256, gated_mlp=False, tied_embeddings=True,
+                            norm="layernorm", learned_positions=True, qkv_bias=True,
+                            out_bias=True, mlp_bias=True),
+}
+
+
+def get_model(model) -> ModelSpec:
+    """A `ModelSpec` from a preset name, a ModelSpec, or a transformers config (or its dict)."""
+    if isinstance(model, ModelSpec):
+        return model
+    if isinstance(model, str):
+        key = model.lower()
+        if key not in PRESETS:
+            allowed = ", ".join(PRESETS)
+            raise ValueError(f"model={model!r} is not a known preset; allowed: {allowed} "
+                             "(or pass a ModelSpec or a transformers config)")
+        return PRESETS[key]
+    if isinstance(model, dict) or hasattr(model, "model_type"):
+        return ModelSpec.from_hf_config(model)
+    raise ValueError(f"model={model!r} must be a preset name, a ModelSpec or a transformers "
+                     "config")

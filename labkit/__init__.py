@@ -9,3 +9,10 @@ Layers, from pure to impure (a lower layer never imports a higher one):
 """
 
 __version__ = "0.1.0"
+
+
+def load_ipython_extension(ipython):
+    """`%load_ext labkit` registers the %%torchrun cell magic (imports IPython/torch lazily)."""
+    from labkit.magic import load_ipython_extension as load
+
+    load(ipython)

@@ -1,0 +1,83 @@
+"""`labkit run LAB [-n N] [--timeout S] [-- LAB ARGS]`: run a lab under torchrun.
+
+    labkit run hello -n 2
+    labkit run labkit.labs.hello -n 4 --timeout 60
+    labkit run path/to/lab.py -n 2 -- --steps 10        # lab arguments after --
+    # two nodes (run on each, same endpoint; R = 0 on the node that hosts the endpoint):
+    labkit run hello -n 4 --nnodes 2 --node-rank R --rdzv-endpoint HOST:29400
+
+Exit status: 0 when every rank succeeded, 1 when the lab failed (the reason is printed),
+2 for bad arguments, 130 when interrupted.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _add_options(parser: argparse.ArgumentParser, default=None) -> None:
+    def d(value):
+        return value if default is None else default
+    parser.add_argument("-n", "--nproc-per-node", "--nproc", dest="nproc", type=int,
+                        default=d(None),
+                        help="ranks per node (default: one per GPU, else min(4, cores), >= 2)")
+    parser.add_argument("--timeout", type=float, default=d(600.0),
+                        help="seconds before every rank is stopped (default 600; 0: none)")
+    parser.add_argument("--nnodes", type=int, default=d(1), help="number of nodes (default 1)")
+    parser.add_argument("--node-rank", type=int, default=d(None),
+                        help="this node's rank (torchrun uses it for static rendezvous)")
+    parser.add_argument("--rdzv-endpoint", default=d(None),
+                        help="HOST:PORT of the rendezvous, the same on every node")
+    parser.add_argument("--rdzv-id", default=d(None),
+                        help="job id, the same on every node (default: labkit-<lab>)")
+    parser.add_argument("--verbose", action="store_true", default=d(False),
+                        help="also show torchrun's own log")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_options(parser)
+    parser.add_argument("lab", help="a lab name (hello), a module (labkit.labs.hello) or a .py path")
+    parser.add_argument("lab_args", nargs=argparse.REMAINDER,
+                        help="the lab's arguments; options of this command may come first, "
+                             "anything after -- goes to the lab")
+
+
+def _split(args) -> list[str]:
+    """Options given after the lab name are still ours; what we do not know goes to the lab."""
+    rest = list(args.lab_args)
+    after = []
+    if "--" in rest:
+        i = rest.index("--")
+        rest, after = rest[:i], rest[i + 1:]
+    late = argparse.ArgumentParser(add_help=False)
+    _add_options(late, default=argparse.SUPPRESS)
+    known, unknown = late.parse_known_args(rest)
+    for key, value in vars(known).items():
+        setattr(args, key, value)
+    return unknown + after
+
+
+def run(args) -> int:
+    from labkit.launch import LabError, run_lab
+
+    lab_args = _split(args)
+    rdzv_id = args.rdzv_id
+    if rdzv_id is None and args.nnodes > 1:
+        rdzv_id = "labkit-" + "".join(c if c.isalnum() else "-" for c in args.lab)
+    try:
+        result = run_lab(args.lab, nproc=args.nproc, args=lab_args,
+                         timeout=args.timeout or None, nnodes=args.nnodes,
+                         node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
+                         rdzv_id=rdzv_id, verbose=args.verbose)
+    except ValueError as exc:
+        print(f"labkit run: {exc}", file=sys.stderr)
+        return 2
+    except LabError as exc:
+        print(f"labkit run: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    ranks = [r for r in result.ranks if r.wall_time is not None]
+    print(f"labkit run: {result.target} finished on {len(ranks)} rank(s) in "
+          f"{result.wall_time:.1f} s", file=sys.stderr)
+    return 0

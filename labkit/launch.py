@@ -1,0 +1,566 @@
+"""Run a lab under torchrun from a notebook or the shell, and say clearly how it ended.
+
+    from labkit.launch import run_lab, LabError
+    result = run_lab("labkit.labs.hello", nproc=4, timeout=120)
+    result.results[1]["all_reduce"]      # what rank 1 passed to labkit.dist.report()
+    result.ranks[1].exit_code, result.ranks[1].wall_time, result.wall_time
+
+How, and why so:
+- `python -m torch.distributed.run` (a bare `torchrun` may not be on a kernel's PATH) with a c10d
+  rendezvous on 127.0.0.1:0: the OS picks the port, so two labs can run at once (a fixed
+  --master-port collides, and --master-port 0 hangs).
+- Each rank runs `labkit._bootstrap`, which records start/exit/error to a per-run directory
+  (LABKIT_RESULTS_DIR) and writes torch elastic's error file, so every failure comes back with
+  its rank, exception and traceback.
+- torchrun tees each rank's output with a "[default<local rank>]:" prefix; this process reads
+  the pipes in its main thread and prints "[rank R] ..." lines as they arrive, which is what
+  makes output live in a Jupyter cell. torchrun's own log lines are kept in `result.agent_log`.
+- torchrun runs in a session of its own and its workers each in theirs, so a timeout, a failure,
+  or KeyboardInterrupt (the notebook's stop button) ends with SIGTERM then SIGKILL to torchrun's
+  group, each rank's group, and any process carrying this run's LABKIT_RUN_ID.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pkgutil
+import re
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from labkit import system
+from labkit.dist import ENV_COLLECTIVE_TIMEOUT, ENV_RESULTS_DIR, ENV_RUN_ID
+from labkit.validate import positive, positive_int
+
+GRACE_SECONDS = 3.0          # between SIGTERM and SIGKILL at teardown
+STACK_WAIT_SECONDS = 2.0     # how long a timeout waits for the ranks' stack dumps
+# Under the launcher a collective waits this much longer than the launcher's own timeout, so a
+# hang is reported by the launcher (which can say who never joined) rather than by a rank.
+COLLECTIVE_TIMEOUT_MARGIN = 30.0
+
+_PREFIX = re.compile(r"^\[[A-Za-z_]*?(\d+)\]:(.*)$")
+_TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")
+
+
+@dataclass
+class RankResult:
+    """How one rank ended: exit_code (None if unknown; negative = killed by that signal) and
+    wall_time in seconds from its start to its exit (or to the teardown)."""
+
+    rank: int
+    exit_code: int | None
+    wall_time: float | None
+    pid: int | None = None
+    host: str | None = None
+
+
+@dataclass
+class LabResult:
+    target: str
+    nproc: int
+    ranks: list[RankResult]
+    results: list[dict]          # indexed by rank: the union of what that rank report()ed
+    wall_time: float             # seconds from run_lab's call to its return
+    returncode: int | None       # torchrun's exit status
+    output: list[str] = field(default_factory=list, repr=False)      # "[rank R] ..." lines
+    agent_log: list[str] = field(default_factory=list, repr=False)   # torchrun's own lines
+    run_id: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and all(r.exit_code == 0 for r in self.ranks)
+
+    def __repr__(self) -> str:
+        state = "ok" if self.ok else "failed"
+        return (f"LabResult(target={self.target!r}, nproc={self.nproc}, "
+                f"wall_time={self.wall_time:.2f} s, {state})")
+
+
+class LabError(RuntimeError):
+    """A lab failed, timed out or could not start. The message names the rank, the exception
+    type and message, and shows the first failing rank's traceback.
+
+    Attributes: rank (first failing rank or None), exc_type, exc_message, traceback,
+    reason ("exception" | "exit" | "signal" | "timeout" | "launcher"), result (a LabResult).
+    """
+
+    def __init__(self, message: str, *, reason: str, rank: int | None = None,
+                 exc_type: str | None = None, exc_message: str | None = None,
+                 traceback: str | None = None, result: LabResult | None = None):
+        super().__init__(message)
+        self.reason, self.rank, self.exc_type = reason, rank, exc_type
+        self.exc_message, self.traceback, self.result = exc_message, traceback, result
+
+
+# ---------------------------------------------------------------------------------------------
+# targets
+
+def available_labs() -> list[str]:
+    import labkit.labs
+    return sorted(m.name for m in pkgutil.iter_modules(labkit.labs.__path__)
+                  if not m.name.startswith("_"))
+
+
+def resolve_target(target) -> str:
+    """A script path (made absolute), a module name, or a short lab name ("hello")."""
+    text = os.fspath(target)
+    if text.endswith(".py") or os.sep in text:
+        path = os.path.abspath(text)
+        if not os.path.isfile(path):
+            raise ValueError(f"target={text!r}: no such script")
+        return path
+    if "." not in text and text in available_labs():
+        return f"labkit.labs.{text}"
+    try:
+        found = importlib.util.find_spec(text) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise ValueError(f"target={text!r} is neither a script path nor an importable module; "
+                         f"labs: {', '.join(available_labs())}")
+    return text
+
+
+# ---------------------------------------------------------------------------------------------
+# processes
+
+def _proc_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    except OSError:
+        return True
+
+
+def marked_pids(name: str, value: str) -> set[int]:
+    """Live processes whose environment holds name=value (e.g. LABKIT_RUN_ID=<run>)."""
+    needle = f"{name}={value}".encode()
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read().split(b"\0") and _proc_alive(int(entry)):
+                    found.add(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def _signal_all(proc: subprocess.Popen, pids: set[int], sig: int) -> None:
+    for pgid in {proc.pid, *pids}:   # torchrun and each worker lead their own session
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _teardown(proc: subprocess.Popen, run_id: str, rank_pids: set[int]) -> None:
+    """SIGTERM everything of this run, SIGKILL what is left after a grace period, reap torchrun."""
+    pids = rank_pids | marked_pids(ENV_RUN_ID, run_id)
+    _signal_all(proc, pids, signal.SIGTERM)
+    deadline = time.monotonic() + GRACE_SECONDS
+    while time.monotonic() < deadline:
+        proc.poll()
+        if proc.returncode is not None and not any(_proc_alive(p) for p in pids):
+            break
+        time.sleep(0.05)
+    for _ in range(3):
+        pids = {p for p in pids | marked_pids(ENV_RUN_ID, run_id) if _proc_alive(p)}
+        if proc.poll() is None:
+            pids.add(proc.pid)
+        if not pids:
+            break
+        _signal_all(proc, pids, signal.SIGKILL)
+        time.sleep(0.1)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+# ---------------------------------------------------------------------------------------------
+# records written by the ranks (labkit.dist / labkit._bootstrap)
+
+def _read_records(results_dir: str) -> dict[int, list[dict]]:
+    records: dict[int, list[dict]] = {}
+    if not os.path.isdir(results_dir):
+        return records
+    for name in os.listdir(results_dir):
+        m = re.fullmatch(r"rank(\d+)\.jsonl", name)
+        if not m:
+            continue
+        with open(os.path.join(results_dir, name), encoding="utf-8") as f:
+            lines = [json.loads(line) for line in f if line.endswith("\n") and line.strip()]
+        records[int(m.group(1))] = lines
+    return records
+
+
+def _first(records: list[dict], kind: str) -> dict | None:
+    return next((r for r in records if r["kind"] == kind), None)
+
+
+def _exit_codes_from_summary(agent_log: list[str]) -> dict[int, int]:
+    """torchrun's failure summary lists 'rank : R (local_rank: L)' then 'exitcode : C'."""
+    text = "\n".join(agent_log)
+    pattern = r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)"
+    return {int(r): int(c) for r, c in re.findall(pattern, text)}
+
+
+def _elastic_errors(log_dir: str) -> list[dict]:
+    """torch elastic's error files (<log_dir>/<run>/attempt_N/<local rank>/error.json)."""
+    errors = []
+    for root, _dirs, files in os.walk(log_dir):
+        if "error.json" not in files:
+            continue
+        try:
+            with open(os.path.join(root, "error.json"), encoding="utf-8") as f:
+                msg = json.load(f)["message"]
+            info = msg.get("extraInfo", {}) if isinstance(msg, dict) else {}
+            text = msg.get("message", "") if isinstance(msg, dict) else str(msg)
+            exc_type, _, exc_message = text.partition(": ")
+            errors.append({"rank": int(os.path.basename(root)), "exc_type": exc_type,
+                           "message": exc_message, "traceback": info.get("py_callstack", ""),
+                           "time": float(info.get("timestamp", 0))})
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return sorted(errors, key=lambda e: e["time"])
+
+
+# ---------------------------------------------------------------------------------------------
+# where was each rank at a timeout
+
+_FRAME = re.compile(r'^\s*File "(.+)", line (\d+) in (\S+)')
+
+
+def _main_thread_frames(stack_text: str) -> list[tuple[str, int, str]]:
+    """Frames (file, line, function), most recent first, of the thread faulthandler ran in."""
+    block, current = [], False
+    for line in stack_text.splitlines():
+        if line.startswith("Current thread"):
+            current, block = True, []
+        elif line.startswith("Thread "):
+            current = False
+        elif current and (m := _FRAME.match(line)):
+            block.append((m.group(1), int(m.group(2)), m.group(3)))
+    return block
+
+
+def _plumbing(path: str) -> bool:
+    return path.startswith("<frozen runpy") or path.endswith(("labkit/_bootstrap.py", "runpy.py"))
+
+
+def _where(frames: list[tuple[str, int, str]]) -> tuple[str | None, str]:
+    """(collective the rank waits in or None, "file:line in function" of the lab's own code)."""
+    collective = next((fn for path, _, fn in frames
+                       if path.endswith("torch/distributed/distributed_c10d.py")), None)
+    mine = next((f"{os.path.relpath(p) if not p.startswith('..') else p}:{ln} in {fn}"
+                 for p, ln, fn in frames
+                 if "site-packages" not in p and not p.startswith("<") and not _plumbing(p)),
+                "an unknown place")
+    return collective, mine
+
+
+def _dump_stacks(pids: dict[int, int], results_dir: str) -> dict[int, str]:
+    for pid in pids.values():
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + STACK_WAIT_SECONDS
+    stacks: dict[int, str] = {}
+    while time.monotonic() < deadline and len(stacks) < len(pids):
+        time.sleep(0.1)
+        for r in pids:
+            try:
+                with open(os.path.join(results_dir, f"rank{r}.stack"), encoding="utf-8",
+                          errors="replace") as f:
+                    text = f.read()
+            except OSError:
+                continue
+            if "Current thread" in text and text.endswith("\n"):
+                stacks[r] = text
+    return stacks
+
+
+def _hang_diagnosis(running: list[int], stacks: dict[int, str]) -> list[str]:
+    waiting, elsewhere = {}, {}
+    for r in running:
+        if r not in stacks:
+            continue
+        collective, mine = _where(_main_thread_frames(stacks[r]))
+        (waiting if collective else elsewhere)[r] = (collective, mine)
+    lines = [f"rank {r} is not in a collective: it is at {mine}"
+             for r, (_, mine) in sorted(elsewhere.items())]
+    for r, (coll, mine) in sorted(waiting.items()):
+        blame = (f": rank{'s' if len(elsewhere) > 1 else ''} "
+                 f"{_ranks(elsewhere)} never joined it" if elsewhere else "")
+        lines.append(f"rank {r} waits in {coll} ({mine}){blame}")
+    kinds = {c for c, _ in waiting.values()}
+    if waiting and not elsewhere and len(kinds) > 1:
+        lines.append("the ranks wait in different collectives: a mismatch, each waits forever")
+    return lines
+
+
+def _ranks(ranks) -> str:
+    return ", ".join(str(r) for r in sorted(ranks))
+
+
+# ---------------------------------------------------------------------------------------------
+# the launcher
+
+def _torchrun_command(target: str, nproc: int, args, log_dir: str, run_id: str, nnodes: int,
+                      node_rank: int | None, rdzv_endpoint: str | None,
+                      rdzv_id: str | None) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
+           "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", rdzv_endpoint or "127.0.0.1:0",
+           "--rdzv-id", rdzv_id or run_id, "--max-restarts", "0",
+           "--log-dir", log_dir, "--tee", "3"]
+    if node_rank is not None:
+        cmd += ["--node-rank", str(node_rank)]
+    return cmd + ["-m", "labkit._bootstrap", target, *[str(a) for a in args]]
+
+
+def run_lab(target, nproc: int | None = None, args=(), timeout: float | None = 300,
+            env: dict | None = None, *, nnodes: int = 1, node_rank: int | None = None,
+            rdzv_endpoint: str | None = None, rdzv_id: str | None = None,
+            quiet: bool = False, verbose: bool = False, keep_logs: bool = False) -> LabResult:
+    """Run `target` on `nproc` ranks under torchrun and return a `LabResult`; raise `LabError`
+    if a rank fails or the lab runs past `timeout` seconds (None: no limit).
+
+    target: a module ("labkit.labs.hello", or just "hello" for a lab of labkit.labs) or a path
+        to a script. args: the lab's command-line arguments. env: extra environment variables
+        for the ranks (OMP_NUM_THREADS=1 is set unless given here).
+    nnodes/node_rank/rdzv_endpoint/rdzv_id: multi-node runs (same rdzv_endpoint and rdzv_id on
+        every node). quiet: do not print the ranks' output (it is still in result.output).
+    verbose: also print torchrun's own log lines. keep_logs: keep the run directory (its path
+        is in the LabError message).
+    """
+    t0 = time.monotonic()
+    target = resolve_target(target)
+    nproc = system.default_nproc() if nproc is None else positive_int("nproc", nproc)
+    nnodes = positive_int("nnodes", nnodes)
+    if timeout is not None:
+        timeout = positive("timeout", timeout)
+    if nnodes > 1 and not rdzv_endpoint:
+        raise ValueError(f"nnodes={nnodes} needs rdzv_endpoint='HOST:PORT' (the same on every "
+                         "node); allowed: nnodes=1 without it")
+    run_id = uuid.uuid4().hex[:12]
+    run_dir = tempfile.mkdtemp(prefix=f"labkit-{run_id}-")
+    results_dir, log_dir = os.path.join(run_dir, "results"), os.path.join(run_dir, "logs")
+    os.makedirs(results_dir)
+
+    child_env = dict(os.environ)
+    child_env.setdefault("OMP_NUM_THREADS", "1")   # 2 cores shared by N ranks: no oversubscription
+    child_env.update({k: str(v) for k, v in (env or {}).items()})
+    child_env.update({ENV_RUN_ID: run_id, ENV_RESULTS_DIR: results_dir,
+                      "PYTHONUNBUFFERED": "1", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "5"})
+    if timeout is not None and ENV_COLLECTIVE_TIMEOUT not in (env or {}):
+        child_env[ENV_COLLECTIVE_TIMEOUT] = str(timeout + COLLECTIVE_TIMEOUT_MARGIN)
+
+    cmd = _torchrun_command(target, nproc, args, log_dir, run_id, nnodes, node_rank,
+                            rdzv_endpoint, rdzv_id)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env,
+                            start_new_session=True, stdin=subprocess.DEVNULL)
+    output: list[str] = []
+    agent_log: list[str] = []
+    stacks: dict[int, str] = {}
+    timed_out = False
+
+    def rank_pids() -> dict[int, int]:
+        return {r: s["pid"] for r, recs in _read_records(results_dir).items()
+                if (s := _first(recs, "start"))}
+
+    try:
+        timed_out = _pump(proc, t0, timeout, output, agent_log, quiet, verbose, nnodes)
+        if timed_out:
+            pids = {r: p for r, p in rank_pids().items() if _proc_alive(p)}
+            stacks = _dump_stacks(pids, results_dir)
+    except KeyboardInterrupt:
+        _shielded(lambda: _teardown(proc, run_id, set(rank_pids().values())))
+        print(f"labkit: interrupted; stopped torchrun and the ranks of {target}",
+              file=sys.stderr, flush=True)
+        if not keep_logs:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    _teardown(proc, run_id, set(rank_pids().values()))   # also a clean exit: leave nothing
+    wall = time.monotonic() - t0
+    try:
+        result, failure = _collect(target, nproc, results_dir, log_dir, proc.returncode, wall,
+                                   output, agent_log, run_id, timed_out, timeout, stacks)
+    finally:
+        if not keep_logs:
+            shutil.rmtree(run_dir, ignore_errors=True)
+    if failure is not None:
+        if keep_logs:
+            failure.args = (failure.args[0] + f"\n(run directory kept: {run_dir})",)
+        raise failure
+    return result
+
+
+def _shielded(fn) -> None:
+    """Run fn with Ctrl-C ignored (a second interrupt must not skip the SIGKILL)."""
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        return fn()
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        fn()
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def _pump(proc, t0, timeout, output, agent_log, quiet, verbose, nnodes) -> bool:
+    """Print the ranks' lines as they arrive until torchrun exits; True if the timeout fired."""
+    sel = selectors.DefaultSelector()
+    partial = {}
+    for stream, dest in ((proc.stdout, "stdout"), (proc.stderr, "stderr")):
+        sel.register(stream, selectors.EVENT_READ, dest)
+        partial[dest] = b""
+    exited_at = None
+    try:
+        while sel.get_map():
+            now = time.monotonic()
+            if timeout is not None and now - t0 > timeout:
+                return True
+            if proc.poll() is not None:
+                exited_at = exited_at or now
+                if now - exited_at > 1.0:   # a leftover process holds the pipe: stop reading
+                    break
+            wait = 0.2 if timeout is None else max(0.0, min(0.2, t0 + timeout - now))
+            for key, _ in sel.select(wait):
+                chunk = os.read(key.fileobj.fileno(), 65536)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    chunk = b"\n" if partial[key.data] else b""
+                *lines, partial[key.data] = (partial[key.data] + chunk).split(b"\n")
+                for raw in lines:
+                    _emit(raw.decode("utf-8", "replace"), key.data, output, agent_log,
+                          quiet, verbose, nnodes)
+    finally:
+        sel.close()
+    return False
+
+
+def _emit(line, dest, output, agent_log, quiet, verbose, nnodes) -> None:
+    m = _PREFIX.match(line)
+    if m is None:
+        agent_log.append(line)
+        if not verbose:
+            return
+        text = f"[torchrun] {line}"
+    else:
+        content = _TORCH_RANK_PREFIX.sub("", m.group(2))
+        if not content.strip():   # torchrun's tail adds empty lines at a rank's exit
+            return
+        who = f"rank {m.group(1)}" if nnodes == 1 else f"local rank {m.group(1)}"
+        text = f"[{who}] {content}"
+        output.append(text)
+    if not quiet:
+        stream = sys.stdout if dest == "stdout" else sys.stderr
+        stream.write(text + "\n")
+        stream.flush()
+
+
+def _collect(target, nproc, results_dir, log_dir, returncode, wall, output, agent_log, run_id,
+             timed_out, timeout, stacks):
+    """Build the LabResult and, when the lab failed, the LabError to raise."""
+    records = _read_records(results_dir)
+    summary_codes = _exit_codes_from_summary(agent_log)
+    world = max([nproc] + [s["world_size"] for recs in records.values()
+                           if (s := _first(recs, "start"))])
+    end = time.time()
+    ranks, results = [], []
+    for r in range(world):
+        recs = records.get(r, [])
+        start, exit_ = _first(recs, "start"), _first(recs, "exit")
+        code = exit_["code"] if exit_ else summary_codes.get(r)
+        if code is None and returncode == 0 and start:
+            code = 0
+        wall_r = exit_["wall_time"] if exit_ else (end - start["time"] if start else None)
+        ranks.append(RankResult(r, code, wall_r, start and start["pid"], start and start["host"]))
+        merged: dict = {}
+        for rec in recs:
+            if rec["kind"] == "report":
+                merged.update(rec["metrics"])
+        results.append(merged)
+    result = LabResult(target, nproc, ranks, results, wall, returncode, output, agent_log, run_id)
+    name = os.path.relpath(target) if os.path.isabs(target) else target
+
+    if timed_out:
+        running = [rr.rank for rr in ranks if records.get(rr.rank) and not _first(
+            records[rr.rank], "exit") and not _first(records[rr.rank], "error")]
+        lines = [f"lab {name} timed out: the launcher's timeout of {timeout:g} s fired with "
+                 + (f"rank{'s' if len(running) > 1 else ''} {_ranks(running)} still running"
+                    if running else "no rank started yet (imports too slow? raise timeout)")]
+        lines += _hang_diagnosis(running, stacks)
+        for r in sorted(stacks):
+            lines.append(f"--- Python stack of rank {r} at the timeout (most recent call first):")
+            frames = _main_thread_frames(stacks[r])
+            lines += [f"  {p}:{ln} in {fn}" for p, ln, fn in frames if not _plumbing(p)]
+        return result, LabError("\n".join(lines), reason="timeout", result=result)
+
+    if result.ok:
+        return result, None
+    errors = sorted(({**rec, "rank": r} for r, recs in records.items() for rec in recs
+                     if rec["kind"] == "error"), key=lambda e: e["time"])
+    if not errors:
+        errors = _elastic_errors(log_dir)
+    others = []
+    if errors:
+        first = errors[0]
+        reason, rank, exc_type, exc_msg, tb = ("exception", first["rank"], first["exc_type"],
+                                               first["message"], first["traceback"])
+        head = f"lab {name} failed: rank {rank} raised {exc_type}: {exc_msg}"
+        if exc_type == "SystemExit":   # e.g. argparse: the rank printed why; show that instead
+            head = f"lab {name} failed: rank {rank} exited with code {exc_msg} (sys.exit)"
+            said = [o for o in output if o.startswith(f"[rank {rank}] ")][-5:]
+            others = (["its last output:"] + [f"  {o}" for o in said]) if said else []
+            reason, tb = "exit", None
+        else:
+            for e in errors[1:]:
+                msg = e["message"].splitlines()[0] if e["message"] else ""
+                msg = msg if len(msg) <= 120 else msg[:117] + "..."
+                others.append(f"rank {e['rank']} then raised {e['exc_type']}: {msg}")
+    else:
+        bad = [rr for rr in ranks if rr.exit_code not in (0, None)]
+        if bad:
+            rr = bad[0]
+            how = (f"was killed by signal {signal.Signals(-rr.exit_code).name}"
+                   if rr.exit_code < 0 and -rr.exit_code in signal.valid_signals()
+                   else f"exited with code {rr.exit_code}")
+            head = f"lab {name} failed: rank {rr.rank} {how}"
+            reason, rank = ("signal" if rr.exit_code < 0 else "exit"), rr.rank
+        else:
+            head = f"lab {name} failed: torchrun exited with code {returncode}"
+            reason, rank = "launcher", None
+            others += ["torchrun said:"] + agent_log[-20:]
+        exc_type = exc_msg = tb = None
+    errored = {e["rank"] for e in errors}
+    stopped = [rr.rank for rr in ranks if rr.exit_code is not None and rr.exit_code < 0
+               and rr.rank not in errored and rr.rank != rank]
+    if stopped and rank is not None:
+        others.append(f"rank{'s' if len(stopped) > 1 else ''} {_ranks(stopped)} "
+                      f"stopped by torchrun after rank {rank} failed")
+    text = "\n".join([head, *others] + ([f"Traceback of rank {rank} (the first to fail):",
+                                        tb.rstrip()] if tb else []))
+    return result, LabError(text, reason=reason, rank=rank, exc_type=exc_type,
+                            exc_message=exc_msg, traceback=tb, result=result)

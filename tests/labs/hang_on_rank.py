@@ -1,0 +1,29 @@
+"""Fixture lab: rank --rank sleeps (never joins); the others wait in an all-reduce.
+
+    torchrun --nproc-per-node 2 tests/labs/hang_on_rank.py --rank 1
+"""
+import argparse
+import time
+
+import torch
+import torch.distributed as tdist
+
+from labkit import dist
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--rank", type=int, default=1)
+args = parser.parse_args()
+
+
+def stuck_forever():
+    while True:
+        time.sleep(1)
+
+
+ctx = dist.setup()
+tdist.barrier()
+print("ready", flush=True)
+if ctx.rank == args.rank:
+    stuck_forever()
+tdist.all_reduce(torch.ones(1))
+dist.shutdown()

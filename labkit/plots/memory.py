@@ -1,0 +1,62 @@
+"""Training memory per GPU as stacked bars: one bar per configuration, one colour per term
+(weights, gradients, optimizer states, activations), a dashed line at the GPU's capacity.
+
+    >>> from labkit.memory import estimate_memory
+    >>> fig = memory_bars({f"ZeRO-{z}": estimate_memory("llama2-7b", seq_len=4096, zero_stage=z,
+    ...                                                 dp=8) for z in range(4)},
+    ...                   capacity=80e9, capacity_label="H100 80 GB", highlight="ZeRO-3")
+
+The figure only draws numbers it is given (bytes, from `labkit.memory`); it computes none.
+"""
+from __future__ import annotations
+
+from labkit.plots import GB, new_figure
+
+# (attribute of MemoryEstimate, legend label, colour): the order they stack, bottom to top.
+TERMS = (
+    ("params", "weights", "#4c72b0"),
+    ("grads", "gradients", "#55a868"),
+    ("optimizer_states", "optimizer states (incl. fp32 master)", "#c44e52"),
+    ("activations", "activations", "#dd8452"),
+)
+
+
+def memory_bars(estimates: dict, capacity: float | None = None, capacity_label: str = "",
+                highlight: str | None = None, title: str = ""):
+    """A Figure of stacked bars in GB (1e9 bytes), one bar per (label -> MemoryEstimate).
+
+    capacity: a GPU's memory in bytes, drawn as a dashed line (None: no line).
+    highlight: the label whose bar is drawn opaque with its total written above it; the others
+        are drawn faded (None: all opaque).
+    """
+    fig = new_figure(7.0, 3.6)
+    ax = fig.add_subplot()
+    labels = list(estimates)
+    xs = range(len(labels))
+    bottoms = [0.0] * len(labels)
+    for attr, name, colour in TERMS:
+        heights = [getattr(estimates[k], attr) / GB for k in labels]
+        alphas = [1.0 if highlight in (None, k) else 0.35 for k in labels]
+        for x, hgt, bot, alpha in zip(xs, heights, bottoms, alphas):
+            ax.bar(x, hgt, bottom=bot, color=colour, alpha=alpha, width=0.6,
+                   label=name if x == 0 else None)
+        bottoms = [b + hgt for b, hgt in zip(bottoms, heights)]
+    top = max(bottoms) if bottoms else 0.0
+    if capacity is not None:
+        cap = capacity / GB
+        ax.axhline(cap, color="black", linestyle="--", linewidth=1.2)
+        ax.annotate(capacity_label or f"{cap:,.0f} GB", xy=(1.0, cap),
+                    xycoords=("axes fraction", "data"), xytext=(-4, 3),
+                    textcoords="offset points", ha="right", va="bottom", fontsize=8)
+        top = max(top, cap)
+    for x, k, total in zip(xs, labels, bottoms):
+        if highlight in (None, k):
+            ax.annotate(f"{total:,.1f}", xy=(x, total), xytext=(0, 2), textcoords="offset points",
+                        ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(0, top * 1.15 if top > 0 else 1.0)
+    ax.set_xticks(list(xs), labels)
+    ax.set_ylabel("GB per GPU (1 GB = 1e9 bytes)")
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    return fig

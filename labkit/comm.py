@@ -135,7 +135,8 @@ class StepComm:
         out: dict = {}
         for c in self.collectives:
             count, value = out.get(c.op, (0, 0.0))
-            out[c.op] = (count + c.count, value + (c.sent if attr == "sent" else c.count * c.nbytes))
+            add = c.sent if attr == "sent" else c.count * c.nbytes
+            out[c.op] = (count + c.count, value + add)
         return out
 
     @property
@@ -216,9 +217,8 @@ def step_communication(strategy, model=None, num_params=None, dp=1, tp=1, pp=1, 
         if spec is None and num_params is None:
             raise ValueError(f"strategy={strategy!r} needs model= or num_params=")
         if spec is not None:
-            psi = max(stage_params(spec, tp, pp)) if pp <= spec.num_layers else None
-            if psi is None:
-                raise ValueError(f"pp={pp} is larger than num_layers={spec.num_layers}")
+            _check_model(spec, tp, pp)
+            psi = max(stage_params(spec, tp, pp))
         else:
             psi = validate.positive("num_params", num_params) / (tp * pp)
         if strategy == "ddp":
@@ -243,11 +243,7 @@ def step_communication(strategy, model=None, num_params=None, dp=1, tp=1, pp=1, 
                          "config): its sizes come from the model's shapes")
     s = validate.positive_int("seq_len", spec.max_seq_len if seq_len is None else seq_len)
     validate.divides("cp", cp, "seq_len", s)
-    validate.divides("tp", tp, "num_heads", spec.num_heads)
-    validate.divides("tp", tp, "num_kv_heads", spec.num_kv_heads)
-    if pp > spec.num_layers:
-        raise ValueError(f"pp={pp} is larger than num_layers={spec.num_layers}; allowed: 1 to "
-                         f"{spec.num_layers}")
+    _check_model(spec, tp, pp)
     b = validate.positive_int("batch_size", batch_size)
     layers = -(-spec.num_layers // pp)           # the busiest stage
     sbh = b * (s // cp) * spec.hidden_size * ab
@@ -272,6 +268,14 @@ def step_communication(strategy, model=None, num_params=None, dp=1, tp=1, pp=1, 
             per_layer = (cp - 1) * (3 + (1 if recompute == "full" else 0))
             add(Collective("send_recv", per_layer * layers * m, kv, 2, "K, V and dK, dV blocks"))
     return out
+
+
+def _check_model(spec, tp, pp):
+    validate.divides("tp", tp, "num_heads", spec.num_heads)
+    validate.divides("tp", tp, "num_kv_heads", spec.num_kv_heads)
+    if pp > spec.num_layers:
+        raise ValueError(f"pp={pp} is larger than num_layers={spec.num_layers}; allowed: 1 to "
+                         f"{spec.num_layers}")
 
 
 def _fsdp_units(spec, psi, units, tp, pp):

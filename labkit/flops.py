@@ -14,8 +14,9 @@ Per token, a training step (forward + backward) costs
   `causal=True` for that convention.
 
 MFU = model FLOPs achieved / peak (PaLM, Appendix B). HFU also counts the FLOPs the hardware
-spends recomputing activations (Korthikanti et al. 2022, §6): full recompute repeats the layers' forward
-(+ 2 N_layers + 4 L a d_head s per token; Narayanan et al. 2021's 96 B s l h^2 form), selective recompute repeats only the attention core
+spends recomputing activations (Korthikanti et al. 2022, §6): full recompute repeats the
+layers' forward (+ 2 N_layers + 4 L a d_head s per token, Narayanan et al. 2021's 96 B s l h^2
+form; the head is not recomputed); selective recompute repeats only the attention core
 (+ 4 L a d_head s, or half that with `causal=True`).
 """
 from __future__ import annotations

@@ -181,7 +181,8 @@ class ModelSpec:
                 head_dim=None if head_dim * heads == h else head_dim,
                 gated_mlp=True, tied_embeddings=bool(get("tie_word_embeddings", False)),
                 norm="rmsnorm",
-                # Qwen2 always has q/k/v biases and no o bias; Llama's attention_bias covers all four.
+                # Qwen2 always has q/k/v biases and no o bias; Llama's attention_bias covers
+                # all four projections.
                 qkv_bias=True if model_type == "qwen2" else bias,
                 out_bias=bias if model_type == "llama" else False,
                 mlp_bias=bool(get("mlp_bias", False)) if model_type == "llama" else False,

@@ -1,0 +1,306 @@
+"""Bandwidth lab: time all_reduce, all_gather and reduce_scatter over a sweep of message sizes,
+print an nccl-tests-like table (size, count, type, redop, time, algbw, busbw), fit the
+alpha-beta model t = alpha + beta * S to each op, and save a plot.
+
+    torchrun --nproc-per-node 4 -m labkit.labs.collectives                  # 4 ranks: gloo on CPU
+                                                                            #   (NCCL when each has a GPU)
+    torchrun --nproc-per-node 4 -m labkit.labs.collectives -b 1K -e 64M -f 2 -n 20
+    labkit bench collectives                                               # the same through labkit
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \\
+        --rdzv-endpoint HOST:29500 -m labkit.labs.collectives -e 1G        # two nodes
+
+Conventions are nccl-tests' (github.com/NVIDIA/nccl-tests, doc/PERFORMANCE.md):
+- size S is the bytes of the whole buffer: the all_reduce tensor, the all_gather *output*, the
+  reduce_scatter *input*; count is S in elements.
+- time is the mean over `--iters` back-to-back calls, averaged over the ranks.
+- algbw = S / time; busbw = algbw times the op's ring factor (2(N-1)/N for all_reduce, (N-1)/N for
+  all_gather and reduce_scatter), computed by `labkit.comm.bus_bandwidth`. busbw is what one link
+  would carry in a ring implementation, comparable across N and with the link's per-direction
+  bandwidth.
+- #wrong: elements that differ from the expected result in a check run before timing.
+On gloo the table adds the bytes this rank actually wrote to its sockets (the `wchar` delta of
+/proc/self/io) as a multiple of S: about 2(N-1)/N for all_reduce and (N-1)/N for all_gather, but
+gloo's reduce_scatter is an all_reduce underneath, so it sends 2(N-1)/N * S too.
+
+Fit: weighted least squares with weights 1/t (each point counts by its relative error, so the
+small sizes fix alpha and the large ones beta). Rank 0 reports rows and fits (labkit.dist.report).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter")
+DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+_UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def parse_size(text: str) -> int:
+    """'1K' -> 1024, '16M' -> 16777216, '1G', '512': binary units as nccl-tests' -b/-e flags."""
+    t = str(text).strip().upper().removesuffix("IB").removesuffix("B") or "0"
+    unit = t[-1] if t[-1] in _UNITS else ""
+    number = t[:-1] if unit else t
+    try:
+        value = float(number) * _UNITS[unit]
+    except ValueError:
+        raise ValueError(f"size {text!r} is not a size; write bytes or a number with K, M or G "
+                         "(binary: 1K = 1024), e.g. 64K or 16M") from None
+    if value <= 0:
+        raise ValueError(f"size {text!r} must be > 0 bytes")
+    return int(value)
+
+
+def sweep_sizes(min_bytes: int, max_bytes: int, factor: float, world_size: int,
+                elem_size: int) -> list[int]:
+    """min, min*f, ... up to max, each rounded up to a whole number of elements per rank chunk
+    (S must split into N equal chunks for all_gather and reduce_scatter)."""
+    if max_bytes < min_bytes:
+        raise ValueError(f"max size {max_bytes} B is below min size {min_bytes} B")
+    if factor <= 1:
+        raise ValueError(f"step factor {factor} must be > 1")
+    quantum = world_size * elem_size
+    sizes, s = [], float(min_bytes)
+    while s <= max_bytes * (1 + 1e-9):
+        q = int(math.ceil(s / quantum) * quantum)
+        if not sizes or q > sizes[-1]:
+            sizes.append(q)
+        s *= factor
+    return sizes
+
+
+def fit_alpha_beta(sizes, times) -> dict:
+    """Least-squares fit of t = alpha + beta * S with weights 1/t (relative errors).
+
+    Returns {"alpha": s, "beta": s/byte, "rms_rel_err": ...}. Needs two distinct sizes."""
+    pts = [(float(s), float(t)) for s, t in zip(sizes, times) if t > 0]
+    if len({s for s, _ in pts}) < 2:
+        raise ValueError("fitting alpha and beta needs times at two or more distinct sizes")
+    # minimise sum w (alpha + beta s - t)^2 with w = 1/t^2: 2x2 normal equations
+    w = [1.0 / t**2 for _, t in pts]
+    sw = sum(w)
+    sws = sum(wi * s for wi, (s, _) in zip(w, pts))
+    swss = sum(wi * s * s for wi, (s, _) in zip(w, pts))
+    swt = sum(wi * t for wi, (_, t) in zip(w, pts))
+    swst = sum(wi * s * t for wi, (s, t) in zip(w, pts))
+    det = sw * swss - sws * sws
+    alpha = (swss * swt - sws * swst) / det
+    beta = (sw * swst - sws * swt) / det
+    rel = [((alpha + beta * s) - t) / t for s, t in pts]
+    return {"alpha": alpha, "beta": beta,
+            "rms_rel_err": math.sqrt(sum(r * r for r in rel) / len(rel))}
+
+
+def model_parameters(op: str, world_size: int, fit: dict) -> dict:
+    """Read a fit (t = alpha + beta S) in the cost model's terms: the per-message latency and the
+    per-direction link bandwidth that make `labkit.comm.collective_time` reproduce the fitted
+    line. The model's own step count and ring factor are read off `collective_time` and
+    `bus_bandwidth`, so no formula is repeated here."""
+    from labkit.comm import bus_bandwidth, collective_time
+
+    # messages in the latency term: the model's time with latency 1 s and a huge bandwidth
+    steps = collective_time(op, nbytes=1.0, world_size=world_size, bandwidth=1e30, latency=1.0)
+    factor = bus_bandwidth(op, 1.0, 1.0, world_size)          # busbw / algbw
+    bandwidth = factor / fit["beta"] if fit["beta"] > 0 else float("inf")
+    latency = fit["alpha"] / steps if steps > 0 else 0.0
+    return {"latency": latency, "bandwidth": bandwidth, "steps": steps, "factor": factor}
+
+
+# ---------------------------------------------------------------------------------------------
+# inside a rank
+
+def bytes_written() -> int | None:
+    """Bytes this process has passed to write/send system calls so far: `wchar` of Linux's
+    /proc/self/io (all threads, so gloo's socket writes count). None where there is no /proc."""
+    try:
+        with open("/proc/self/io") as f:
+            for line in f:
+                if line.startswith("wchar:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _collective(op: str):
+    import torch.distributed as tdist
+
+    if op == "all_reduce":
+        return lambda out, inp: tdist.all_reduce(inp)
+    if op == "all_gather":
+        fn = getattr(tdist, "all_gather_single", None) or tdist.all_gather_into_tensor
+        return lambda out, inp: fn(out, inp)
+    if op == "reduce_scatter":
+        fn = getattr(tdist, "reduce_scatter_single", None) or tdist.reduce_scatter_tensor
+        return lambda out, inp: fn(out, inp)
+    raise ValueError(f"op={op!r} is not supported; allowed: {', '.join(OPS)}")
+
+
+def _buffers(op, nbytes, world_size, rank, dtype, device):
+    """(out, inp) for one call; inp is filled with rank + 1 so results can be checked."""
+    import torch
+
+    elem = torch.empty((), dtype=dtype).element_size()
+    count = nbytes // elem
+    if op == "all_reduce":
+        inp = torch.full((count,), rank + 1.0, dtype=dtype, device=device)
+        return inp, inp
+    if op == "all_gather":
+        inp = torch.full((count // world_size,), rank + 1.0, dtype=dtype, device=device)
+        return torch.empty(count, dtype=dtype, device=device), inp
+    inp = torch.full((count,), rank + 1.0, dtype=dtype, device=device)
+    return torch.empty(count // world_size, dtype=dtype, device=device), inp
+
+
+def _wrong(op, out, world_size) -> int:
+    import torch
+
+    total = world_size * (world_size + 1) / 2
+    if op == "all_gather":
+        chunks = out.view(world_size, -1)
+        expected = torch.arange(1, world_size + 1, dtype=out.dtype, device=out.device)[:, None]
+        return int((chunks != expected).sum())
+    return int((out != total).sum())
+
+
+def measure(op, nbytes, iters, warmup, ctx, dtype):
+    """One row: check, warm up, time `iters` calls; time averaged over ranks."""
+    import torch
+    import torch.distributed as tdist
+
+    call = _collective(op)
+    out, inp = _buffers(op, nbytes, ctx.world_size, ctx.rank, dtype, ctx.device)
+    call(out, inp)
+    wrong = _wrong(op, out, ctx.world_size)
+    sync = torch.cuda.synchronize if ctx.device.type == "cuda" else (lambda: None)
+    for _ in range(warmup):
+        call(out, inp)
+    sync()
+    tdist.barrier()
+    w0 = bytes_written()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        call(out, inp)
+    sync()
+    elapsed = (time.perf_counter() - t0) / iters
+    w1 = bytes_written()
+    # gloo moves bytes through this process's sockets; NCCL (GPU) does not write() them
+    sent = (w1 - w0) / iters if (w0 is not None and ctx.backend == "gloo") else None
+    t = torch.tensor([elapsed, float(wrong)], dtype=torch.float64, device=ctx.device)
+    tdist.all_reduce(t)
+    return t[0].item() / ctx.world_size, int(t[1].item()), sent
+
+
+HEADER = ("#{:>11} {:>12} {:>8} {:>6} {:>10} {:>8} {:>8} {:>6} {:>8}".format(
+    "size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong", "sent/S") + "\n" +
+    "#{:>11} {:>12} {:>8} {:>6} {:>10} {:>8} {:>8} {:>6} {:>8}".format(
+        "(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", "", "rank 0"))
+
+
+def format_row(row: dict) -> str:
+    sent = f"{row['sent'] / row['size']:.3f}" if row.get("sent") is not None else "-"
+    return "{:>12} {:>12} {:>8} {:>6} {:>10.1f} {:>8.3f} {:>8.3f} {:>6} {:>8}".format(
+        row["size"], row["count"], row["type"], row["redop"], row["time"] * 1e6,
+        row["algbw"] / 1e9, row["busbw"] / 1e9, row["wrong"], sent)
+
+
+def format_fit(op: str, world_size: int, fit: dict) -> str:
+    m = model_parameters(op, world_size, fit)
+    return (f"# fit {op}: t = {fit['alpha'] * 1e6:.1f} us + S / {1 / fit['beta'] / 1e9:.3f} GB/s"
+            f"  (rms rel. err {fit['rms_rel_err']:.0%}); as the ring model: latency "
+            f"{m['latency'] * 1e6:.1f} us x {m['steps']:g} steps, link {m['bandwidth'] / 1e9:.3f}"
+            " GB/s per direction (= busbw at large S)" if fit["beta"] > 0 else
+            f"# fit {op}: t = {fit['alpha'] * 1e6:.1f} us + {fit['beta']:.3g} s/B (no bandwidth "
+            "term: sizes too small?)")
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description="Sweep collective sizes; nccl-tests-like table and "
+                                "an alpha-beta fit.")
+    p.add_argument("--ops", default=",".join(OPS),
+                   help=f"comma-separated, from {', '.join(OPS)} (default: all three)")
+    p.add_argument("-b", "--min-bytes", default="1K", help="smallest size (default 1K = 1024 B)")
+    p.add_argument("-e", "--max-bytes", default="16M",
+                   help="largest size (default 16M: a few seconds on a laptop)")
+    p.add_argument("-f", "--step-factor", type=float, default=4.0,
+                   help="multiply the size by this between rows (default 4)")
+    p.add_argument("--sizes", default=None,
+                   help="explicit comma-separated sizes instead of -b/-e/-f, e.g. 4K,1M,8M")
+    p.add_argument("-n", "--iters", type=int, default=10,
+                   help="timed calls per size (default 10; the mean is reported)")
+    p.add_argument("-w", "--warmup", type=int, default=2, help="untimed calls first (default 2)")
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    p.add_argument("--plot", default="collectives.png",
+                   help="where rank 0 saves the plot (default collectives.png; '' for none)")
+    args = p.parse_args(argv)
+    try:
+        ops = [o for o in args.ops.split(",") if o]
+        for o in ops:
+            if o not in OPS:
+                raise ValueError(f"--ops: {o!r} is not supported; allowed: {', '.join(OPS)}")
+        if args.iters < 1 or args.warmup < 0:
+            raise ValueError("--iters must be >= 1 and --warmup >= 0")
+        explicit = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else None
+        lo, hi = parse_size(args.min_bytes), parse_size(args.max_bytes)
+    except ValueError as exc:
+        p.error(str(exc))
+
+    import torch
+    from labkit import dist
+    from labkit.comm import bus_bandwidth
+
+    ctx = dist.setup()
+    dtype = getattr(torch, args.dtype)
+    elem = DTYPES[args.dtype]
+    n = ctx.world_size
+    if explicit:
+        quantum = n * elem
+        sizes = sorted({int(math.ceil(s / quantum) * quantum) for s in explicit})
+    else:
+        sizes = sweep_sizes(lo, hi, args.step_factor, n, elem)
+
+    dist.print0(f"# labkit.labs.collectives: {n} ranks, backend {ctx.backend}, {args.dtype}, "
+                f"{args.iters} iterations after {args.warmup} warm-up")
+    rows, sent_mine = [], []
+    for op in ops:
+        dist.print0(f"#\n# {op}\n{HEADER}")
+        for size in sizes:
+            t, wrong, sent = measure(op, size, args.iters, args.warmup, ctx, dtype)
+            row = dict(op=op, size=size, count=size // elem, type=args.dtype,
+                       redop="none" if op == "all_gather" else "sum", time=t, algbw=size / t,
+                       busbw=bus_bandwidth(op, size, t, n), wrong=wrong, sent=sent)
+            sent_mine.append(sent)
+            rows.append(row)
+            dist.print0(format_row(row))
+    fits = {}
+    for op in ops:
+        mine = [r for r in rows if r["op"] == op]
+        if len(mine) >= 2:
+            fits[op] = fit_alpha_beta([r["size"] for r in mine], [r["time"] for r in mine])
+            fits[op].update(model_parameters(op, n, fits[op]))
+    dist.print0("#")
+    for op, fit in fits.items():
+        dist.print0(format_fit(op, n, fit))
+    wrong_total = sum(r["wrong"] for r in rows)
+    dist.print0(f"# Out of bounds values : {wrong_total} {'OK' if wrong_total == 0 else 'FAILED'}")
+
+    dist.report(sent=sent_mine)
+    if ctx.is_main:
+        dist.report(rows=rows, fits=fits, world_size=n, backend=ctx.backend, plot=None)
+        if args.plot:
+            from labkit.plots import png_bytes
+            from labkit.plots.comm import bench_figure
+            with open(args.plot, "wb") as f:
+                f.write(png_bytes(bench_figure(rows, fits)))
+            dist.report(plot=os.path.abspath(args.plot))
+            dist.print0(f"# plot saved to {args.plot}")
+    if wrong_total:
+        sys.stdout.flush()
+        raise SystemExit(f"{wrong_total} wrong elements: the collectives returned bad results")
+    dist.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,328 @@
+"""Your collective, written with send/recv, on real ranks next to torch's own: checks the result,
+counts the bytes each rank sent, and times both in the same run.
+
+    torchrun --nproc-per-node 4 -m labkit.labs.ring --source my_ring.py --func ring_all_reduce
+    torchrun --nproc-per-node 4 -m labkit.labs.ring --source my_ring.py --func ring_all_gather \\
+        --op all_gather --bytes 4M --iters 5
+
+From a notebook (what the exercises of module 02 do), pass the function itself:
+
+    from labkit.labs.ring import run_user_collective
+    r = run_user_collective(ring_all_reduce, op="all_reduce", nproc=4)
+    r.ok, r.sent, r.expected_sent, r.time_ratio
+
+The function reaches the ranks as source: the notebook cell (or module) that defined it is
+written to a temporary file, keeping only its imports, definitions and constant assignments (so
+a call or a launch in the same cell does not run again on every rank), and each rank imports it.
+Anything the function uses must therefore be defined or imported in that same cell.
+
+Contract of the functions checked:
+- all_reduce: `fn(tensor)` sums `tensor` over all ranks *in place* (like dist.all_reduce).
+- all_gather: `fn(tensor)` returns a new tensor, the inputs of ranks 0..N-1 concatenated (dim 0).
+Each rank checks two inputs with exact small-integer values (so the order of additions does not
+matter): a small one (3N elements) and one of `--bytes` (default 4 MiB); the bytes it sends in the
+large call (the `wchar` delta of /proc/self/io: every byte gloo writes to its sockets) are
+compared with the ring's figure, `labkit.comm.bytes_sent_per_rank`.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.util
+import inspect
+import linecache
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+OPS = ("all_reduce", "all_gather")
+DEFAULT_BYTES = 4 * 2**20
+
+
+# ---------------------------------------------------------------------------------------------
+# from the notebook: the function's source to a file
+
+_KEEP = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _has_call(node) -> bool:
+    return any(isinstance(n, (ast.Call, ast.Await)) for n in ast.walk(node))
+
+
+def function_source(fn) -> str:
+    """The source of the cell or module that defined `fn`, reduced to what defining it needs:
+    imports, function and class definitions, and assignments that call nothing."""
+    name = getattr(fn, "__name__", None)
+    code = getattr(fn, "__code__", None)
+    if code is None or name is None:
+        raise TypeError(f"expected a Python function, got {type(fn).__name__}")
+    text = "".join(linecache.getlines(code.co_filename))
+    if not text:
+        try:
+            text = inspect.getsource(fn)
+        except (OSError, TypeError):
+            raise ValueError(f"cannot find the source of {name}(): define it in a notebook cell "
+                             "or a .py file and run that cell again") from None
+    try:
+        tree = ast.parse(text)
+    except SyntaxError as exc:
+        raise ValueError(f"the cell that defines {name}() does not parse: {exc}") from None
+    kept = []
+    for node in tree.body:
+        if isinstance(node, _KEEP) or (isinstance(node, (ast.Assign, ast.AnnAssign))
+                                       and not _has_call(node)):
+            kept.append(ast.get_source_segment(text, node, padded=True) or ast.unparse(node))
+    out = "\n\n".join(kept) + "\n"
+    if not any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name
+               for n in tree.body):
+        raise ValueError(f"{name}() must be defined at the top level of its cell (not inside "
+                         "another function or an if-block), so that the ranks can import it")
+    return out
+
+
+def export_function(fn, directory: str | None = None) -> str:
+    """Write `function_source(fn)` to a .py file in `directory` (a new temp dir by default)."""
+    directory = directory or tempfile.mkdtemp(prefix="labkit-user-")
+    path = os.path.join(directory, f"user_{fn.__name__}.py")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(function_source(fn))
+    return path
+
+
+@dataclass
+class CollectiveCheck:
+    """What run_user_collective found, per rank (lists indexed by rank) and overall."""
+
+    op: str
+    world_size: int
+    nbytes: int                      # S, as nccl-tests: the all_reduce buffer / gathered output
+    small_ok: list                   # exact match on the small input
+    large_ok: list                   # exact match on the large input
+    max_error: list                  # largest |yours - torch's| on the large input
+    problems: list                   # per rank: a sentence on what was wrong, or ""
+    sent: list                       # bytes each rank sent in one call of yours (gloo: wchar)
+    sent_torch: list                 # ... in one call of torch's collective
+    expected_sent: float             # the ring's figure: labkit.comm.bytes_sent_per_rank
+    time_user: float                 # seconds per call, mean over iterations, max over ranks
+    time_torch: float
+    output: list = field(default_factory=list, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return all(self.small_ok) and all(self.large_ok)
+
+    @property
+    def sent_ratio(self) -> list:
+        """Bytes each rank sent / the ring's figure (None where not measurable)."""
+        return [None if s is None else s / self.expected_sent for s in self.sent]
+
+    @property
+    def time_ratio(self) -> float:
+        """Your collective's time / torch's, measured in the same run."""
+        return self.time_user / self.time_torch
+
+    def summary(self) -> str:
+        lines = [f"{self.op} on {self.world_size} ranks, S = {self.nbytes:,} B "
+                 f"({self.nbytes / 1e6:.2f} MB, {self.nbytes / 2**20:.2f} MiB):"]
+        for r in range(self.world_size):
+            sent = "n/a" if self.sent[r] is None else (
+                f"{self.sent[r]:,.0f} B ({self.sent[r] / self.expected_sent:.4f} x ring figure)")
+            lines.append(f"  rank {r}: {'correct' if self.small_ok[r] and self.large_ok[r] else 'WRONG'}"
+                         f", sent {sent}" + (f"  <- {self.problems[r]}" if self.problems[r] else ""))
+        lines.append(f"  ring figure per rank: {self.expected_sent:,.0f} B")
+        lines.append(f"  time per call: yours {self.time_user * 1e3:.2f} ms, torch's "
+                     f"{self.time_torch * 1e3:.2f} ms, ratio {self.time_ratio:.2f}")
+        return "\n".join(lines)
+
+
+def _stub_message(fn):
+    """Call fn once in this process (no process group): a stub raises NotImplementedError at
+    once, and then there is no point starting ranks."""
+    import torch
+    try:
+        fn(torch.zeros(8))
+    except NotImplementedError as exc:
+        return f"{fn.__name__}() is not written yet (it raised NotImplementedError: {exc})"
+    except Exception:
+        return None      # expected: it needs a process group
+    return None
+
+
+def run_user_collective(fn, op: str = "all_reduce", nproc: int = 4,
+                        nbytes: int = DEFAULT_BYTES, iters: int = 3, timeout: float = 120,
+                        quiet: bool = True) -> CollectiveCheck:
+    """Run `fn` (defined in a notebook cell or a module) on `nproc` ranks as the `op` it
+    implements, against torch's collective: see the module docstring. Raises ValueError for a
+    stub or a function whose source cannot be found, and labkit.launch.LabError (naming the rank
+    and its exception) when a rank fails or the run passes `timeout` seconds."""
+    from labkit.launch import LabError, run_lab
+    from labkit.validate import choice, positive_int
+
+    choice("op", op, OPS)
+    nproc = positive_int("nproc", nproc)
+    if nproc < 2:
+        raise ValueError(f"nproc={nproc} must be >= 2: a collective needs two ranks")
+    stub = _stub_message(fn)
+    if stub:
+        raise NotImplementedError(stub)
+    with tempfile.TemporaryDirectory(prefix="labkit-user-") as tmp:
+        path = export_function(fn, tmp)
+        try:
+            res = run_lab("labkit.labs.ring", nproc=nproc, timeout=timeout, quiet=quiet,
+                          args=["--source", path, "--func", fn.__name__, "--op", op,
+                                "--bytes", str(nbytes), "--iters", str(iters)])
+        except LabError as exc:
+            if exc.reason == "timeout":
+                raise LabError(
+                    f"{fn.__name__}() did not finish within {timeout:.0f} s on {nproc} ranks. A "
+                    "usual cause: every rank calls a blocking dist.send first, and each waits "
+                    "for a receiver that is itself blocked sending. Post the receive and the "
+                    "send together (dist.irecv + dist.isend, then .wait() both), or order them "
+                    "by rank parity.\n\n" + str(exc), reason=exc.reason, rank=exc.rank,
+                    exc_type=exc.exc_type, exc_message=exc.exc_message,
+                    traceback=exc.traceback, result=exc.result) from None
+            raise
+    rs = res.results
+    per = lambda key: [rs[r].get(key) for r in range(nproc)]  # noqa: E731
+    return CollectiveCheck(
+        op=op, world_size=nproc, nbytes=rs[0]["nbytes"], small_ok=per("small_ok"),
+        large_ok=per("large_ok"), max_error=per("max_error"), problems=per("problem"),
+        sent=per("sent"), sent_torch=per("sent_torch"), expected_sent=rs[0]["expected_sent"],
+        time_user=max(per("time_user")), time_torch=max(per("time_torch")), output=res.output)
+
+
+# ---------------------------------------------------------------------------------------------
+# inside a rank
+
+def _load(source: str, func: str):
+    spec = importlib.util.spec_from_file_location("user_collective", source)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not hasattr(module, func):
+        raise SystemExit(f"{source} defines no function {func!r}")
+    return getattr(module, func)
+
+
+def _inputs(op, numel, rank, world_size):
+    """Small exact integers: sums are exact in float32 whatever the order of additions."""
+    import torch
+    g = torch.Generator().manual_seed(1234 + 7 * rank + numel)
+    per_rank = numel // world_size if op == "all_gather" else numel
+    return torch.randint(-8, 8, (per_rank,), generator=g).float()
+
+
+def _call(fn, op, x):
+    """(result, problem): run fn as `op` on a copy of x."""
+    import torch
+    y = x.clone()
+    ret = fn(y)
+    if op == "all_reduce":
+        return y, ("" if ret is None or ret is y or not isinstance(ret, torch.Tensor)
+                   or torch.equal(ret, y) else
+                   "returned a tensor different from the one it was given: the sum must be "
+                   "written into `tensor` in place")
+    if not isinstance(ret, torch.Tensor):
+        return None, f"returned {type(ret).__name__}, not the gathered tensor"
+    return ret, ""
+
+
+def _reference(op, x, world_size):
+    import torch
+    import torch.distributed as tdist
+    if op == "all_reduce":
+        y = x.clone()
+        tdist.all_reduce(y)
+        return y
+    out = torch.empty(x.numel() * world_size, dtype=x.dtype)
+    fn = getattr(tdist, "all_gather_single", None) or tdist.all_gather_into_tensor
+    fn(out, x)
+    return out
+
+
+def _compare(op, got, want, rank, size_name) -> tuple[bool, float, str]:
+    import torch
+    if got is None:
+        return False, float("inf"), ""
+    if got.shape != want.shape:
+        return False, float("inf"), (f"{size_name} input: result has shape {tuple(got.shape)}, "
+                                     f"torch's has {tuple(want.shape)}")
+    if torch.equal(got, want):
+        return True, 0.0, ""
+    bad = (got != want).nonzero().flatten()
+    i = int(bad[0])
+    err = float((got - want).abs().max())
+    return False, err, (f"{size_name} input: {bad.numel()} of {want.numel()} elements differ "
+                        f"from torch's {op}; first at index {i}: {got[i].item():g} vs "
+                        f"{want[i].item():g}")
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description="check a send/recv collective against torch's")
+    p.add_argument("--source", required=True, help="a .py file defining the function")
+    p.add_argument("--func", required=True, help="the function's name")
+    p.add_argument("--op", default="all_reduce", choices=OPS)
+    p.add_argument("--bytes", default=str(DEFAULT_BYTES),
+                   help="S of the large check (default 4M; >= 1M so headers are < 1%%)")
+    p.add_argument("--iters", type=int, default=3, help="timed calls of each (default 3)")
+    args = p.parse_args(argv)
+
+    import torch
+    import torch.distributed as tdist
+    from labkit import dist
+    from labkit.comm import bytes_sent_per_rank
+    from labkit.labs.collectives import bytes_written, parse_size
+
+    ctx = dist.setup(backend="gloo")     # the byte count reads this process's socket writes
+    n, rank = ctx.world_size, ctx.rank
+    fn = _load(args.source, args.func)
+    elem = 4
+    numel = max(1, parse_size(args.bytes) // (elem * n)) * n
+    nbytes = numel * elem
+
+    # 1) a small input
+    x = _inputs(args.op, 3 * n, rank, n)
+    got, problem = _call(fn, args.op, x)
+    small_ok, _, why = _compare(args.op, got, _reference(args.op, x, n), rank, "small")
+    problem = problem or why
+    # 2) the large input, counting the bytes written to sockets during the call
+    x = _inputs(args.op, numel, rank, n)
+    want = _reference(args.op, x, n)
+    tdist.barrier()
+    w0 = bytes_written()
+    got, why = _call(fn, args.op, x)
+    w1 = bytes_written()
+    tdist.barrier()
+    sent = None if w0 is None else w1 - w0
+    large_ok, err, why2 = _compare(args.op, got, want, rank, "large")
+    problem = problem or why or why2
+    y = x.clone()
+    tdist.barrier()
+    w0 = bytes_written()
+    _reference(args.op, y, n)
+    w1 = bytes_written()
+    sent_torch = None if w0 is None else w1 - w0
+    # 3) time both, alternating, in the same run
+    t_user = t_torch = 0.0
+    for _ in range(args.iters):
+        tdist.barrier()
+        t0 = time.perf_counter()
+        fn(x) if args.op == "all_gather" else fn(y)      # all_reduce: in place, on y
+        t_user += time.perf_counter() - t0
+        tdist.barrier()
+        t0 = time.perf_counter()
+        _reference(args.op, x, n) if args.op == "all_gather" else tdist.all_reduce(y)
+        t_torch += time.perf_counter() - t0
+    dist.report(nbytes=nbytes, small_ok=small_ok, large_ok=large_ok, max_error=err,
+                problem=problem, sent=sent, sent_torch=sent_torch,
+                expected_sent=bytes_sent_per_rank(args.op, nbytes, n),
+                time_user=t_user / args.iters, time_torch=t_torch / args.iters)
+    dist.print0(f"{args.func} as {args.op} on {n} ranks, S = {nbytes} B: "
+                f"{'correct' if small_ok and large_ok else 'WRONG'}")
+    sys.stdout.flush()
+    dist.shutdown()
+
+
+if __name__ == "__main__":
+    main()

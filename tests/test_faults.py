@@ -1,0 +1,132 @@
+"""Faults end cleanly: a raising rank, a hanging rank, an interrupt, two labs at once.
+
+Each test marks its processes with a unique environment variable and checks afterwards that no
+process carrying it survives (torchrun, its workers, anything they started).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from labkit.launch import LabError, run_lab
+
+LABS = Path(__file__).parent / "labs"
+MARK = "LABKIT_TEST_MARK"
+
+pytestmark = pytest.mark.multirank
+
+
+def processes_marked(value: str) -> list[int]:
+    """Live (non-zombie) processes whose environment contains LABKIT_TEST_MARK=value."""
+    needle = f"{MARK}={value}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if needle in env and state not in (b"Z", b"X"):
+            found.append(int(entry))
+    return found
+
+
+@pytest.fixture
+def mark():
+    value = uuid.uuid4().hex
+    yield value
+    assert processes_marked(value) == [], "processes of the lab survived it"
+
+
+def test_raising_rank_names_rank_type_message_and_traceback(mark):
+    t = time.monotonic()
+    with pytest.raises(LabError) as info:
+        run_lab(LABS / "raise_on_rank.py", nproc=2, args=["--rank", "1"], timeout=90,
+                env={MARK: mark}, quiet=True)
+    err = info.value
+    assert (err.reason, err.rank, err.exc_type) == ("exception", 1, "ValueError")
+    assert err.exc_message == "boom on rank 1"
+    text = str(err)
+    assert text.startswith("lab ") and "rank 1 raised ValueError: boom on rank 1" in text
+    assert "Traceback of rank 1" in text and "raise_on_rank.py" in err.traceback
+    assert "_bootstrap" not in err.traceback          # the launcher's frames are trimmed
+    # the other rank was torn down promptly, not after a collective timeout
+    assert err.result.ranks[0].exit_code not in (0, None)
+    assert time.monotonic() - t < 60
+
+
+def test_hanging_rank_is_stopped_at_the_timeout_and_named(mark):
+    timeout = 20
+    t = time.monotonic()
+    with pytest.raises(LabError) as info:
+        run_lab(LABS / "hang_on_rank.py", nproc=2, args=["--rank", "1"], timeout=timeout,
+                env={MARK: mark}, quiet=True)
+    elapsed = time.monotonic() - t
+    err = info.value
+    text = str(err)
+    assert err.reason == "timeout"
+    assert f"timeout of {timeout} s fired" in text and "ranks 0, 1 still running" in text
+    assert "rank 1 is not in a collective" in text and "stuck_forever" in text
+    assert "rank 0 waits in all_reduce" in text and "rank 1 never joined it" in text
+    assert timeout <= elapsed < timeout + 15
+
+
+def test_interrupt_kills_every_rank(mark):
+    code = ("import sys; from labkit.launch import run_lab; "
+            f"run_lab({str(LABS / 'hang_on_rank.py')!r}, nproc=2, timeout=300, "
+            f"env={{{MARK!r}: {mark!r}}})")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, MARK: mark})
+    try:
+        seen = []
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:   # wait until both ranks are up
+            line = proc.stdout.readline()
+            if not line:
+                break
+            seen.append(line)
+            if sum(line.endswith("] ready\n") for line in seen) == 2:
+                break
+        assert sum(s.endswith("] ready\n") for s in seen) == 2, seen
+        assert {s.split("]")[0] for s in seen} >= {"[rank 0", "[rank 1"}
+        t = time.monotonic()
+        proc.send_signal(signal.SIGINT)          # what the Jupyter stop button does
+        _, err = proc.communicate(timeout=30)
+        assert time.monotonic() - t < 15
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert "labkit: interrupted" in err and "KeyboardInterrupt" in err
+
+
+def test_two_labs_at_once(mark):
+    results, errors = {}, []
+
+    def one(name):
+        try:
+            results[name] = run_lab("hello", nproc=2, timeout=120, env={MARK: mark}, quiet=True)
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in "ab"]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    assert results["a"].run_id != results["b"].run_id
+    for r in results.values():
+        assert r.ok and [x["all_reduce"] for x in r.results] == [3.0, 3.0]

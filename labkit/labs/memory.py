@@ -1,0 +1,237 @@
+"""Memory lab: train a small GPT-2 for a few steps, measure what it holds, compare with labkit.
+
+    python -m labkit.labs.memory                                   # one process (CPU or 1 GPU)
+    python -m labkit.labs.memory --precision fp32 --seq 256        # another policy, longer rows
+    torchrun --nproc-per-node 2 -m labkit.labs.memory              # 2 data-parallel ranks
+    labkit run memory -n 1 -- --precision bf16                     # the same, via labkit
+
+From a notebook: `run_lab("labkit.labs.memory", nproc=1, args=["--precision", "fp32"])`.
+
+What it measures on each rank, after the last step (exact, by deduplicated storage; PROBES.md):
+- weights, gradients and optimizer states (`labkit.measure.state_bytes`); AdamW's 4-byte `step`
+  tensor per parameter tensor is reported apart (`optimizer_steps`): labkit's formula leaves it
+  out (it is a few hundred bytes, not a per-parameter cost);
+- bytes saved for backward during the forward pass (`labkit.measure.SavedActivations`);
+- peak CUDA memory when the rank has a GPU.
+What it predicts: `labkit.memory.estimate_memory` for the same shape, batch, precision and
+AdamW, built from the exact parameter count. Each measured figure is printed beside its
+prediction with the ratio, and reported (`labkit.dist.report`).
+
+Precision policies (`--precision`, labkit's names):
+- "bf16-mixed" (default): bf16 weights and gradients for forward and backward; the optimizer
+  keeps an fp32 master copy of the weights and fp32 moments (2 + 2 + 12 = 16 bytes per
+  parameter, as Megatron-LM and DeepSpeed do). torch has no such optimizer, so this lab writes
+  the 10 lines (`MasterWeights`).
+- "fp32": everything in fp32 (4 + 4 + 8 = 16 bytes per parameter, the same total).
+- "bf16": everything in bf16, moments too (2 + 2 + 4 = 8); what torch.optim does for bf16 params.
+Activations are stored in the forward's dtype: bf16 for the bf16 policies, which is what the
+Korthikanti et al. formula assumes (16-bit activations, 1-byte dropout masks). In fp32 they are
+twice as large (ratio ~1.9: the masks stay 1 byte).
+
+Two choices make the model count what the formula counts, and each has a flag to undo it:
+- GELU: the formula assumes one GELU kernel that saves its input. transformers' GPT-2 default,
+  "gelu_new", is the tanh approximation written as eight elementwise ops, several of which save
+  their own 8*s*b*h-byte inputs (about +40% activations here). The lab uses
+  "gelu_pytorch_tanh", the same function in one kernel (`--activation gelu_new` to compare).
+- Dropout: on CUDA, dropout is one fused kernel that saves a 1-byte bool mask. On CPU, torch's
+  dropout is composite: it saves its random mask as a tensor of the input's dtype (2 bytes in
+  bf16), +12% activations here. The lab routes dropout through `torch.native_dropout`, the fused
+  kernel CUDA uses (it has a CPU version too), so a CPU run counts what a GPU run stores
+  (`--cpu-dropout` to see torch's CPU default).
+With several ranks, gradients are averaged with one all-reduce per tensor (plain data
+parallelism: every rank holds everything, and every rank stores the activations of its own
+micro-batch: data parallelism divides the batch, not a micro-batch's activations).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+
+import torch
+import torch.distributed as tdist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from labkit import dist, measure
+from labkit.memory import PRECISIONS, RECOMPUTE, estimate_memory
+from labkit.models import get_model
+
+TERMS = ("params", "grads", "optimizer_states", "model_states", "activations")
+
+
+@contextlib.contextmanager
+def fused_dropout():
+    """Inside the block, `F.dropout` runs as `torch.native_dropout`: the fused kernel that keeps a
+    1-byte bool mask (what CUDA always runs; on CPU torch otherwise saves its mask in the
+    input's dtype). A swap of the function, not a TorchFunctionMode: full recompute re-runs the
+    forward inside backward, where a mode entered around the forward is no longer active."""
+    F = torch.nn.functional
+    original = F.dropout
+
+    def dropout(input, p=0.5, training=True, inplace=False):
+        if training and 0.0 < p < 1.0 and not inplace:
+            return torch.native_dropout(input, p, True)[0]
+        return original(input, p, training, inplace)
+
+    F.dropout = dropout
+    try:
+        yield
+    finally:
+        F.dropout = original
+
+
+class MasterWeights:
+    """Mixed precision the way Megatron-LM and DeepSpeed do it: the model computes in bf16; the
+    optimizer updates an fp32 copy of every weight (the master weights) and copies it back.
+
+    The fp32 gradient each master weight needs exists only inside `step()` (a temporary
+    buffer, freed before the step returns), so between steps a parameter costs 2 (bf16 weight) +
+    2 (bf16 gradient) + 4 (fp32 master) + 8 (fp32 moments) = 16 bytes."""
+
+    def __init__(self, params, optimizer_cls=torch.optim.AdamW, **kwargs):
+        self.params = [p for p in params if p.requires_grad]
+        self.master = [p.detach().float().clone() for p in self.params]
+        self.optimizer = optimizer_cls(self.master, **kwargs)
+
+    @torch.no_grad()
+    def step(self):
+        for p, m in zip(self.params, self.master):
+            m.grad = None if p.grad is None else p.grad.float()
+        self.optimizer.step()
+        for p, m in zip(self.params, self.master):
+            p.copy_(m)             # round to bf16 for the next forward
+            m.grad = None          # the fp32 gradient was a temporary
+
+    def zero_grad(self, set_to_none: bool = True):
+        for p in self.params:
+            p.grad = None
+
+    def master_bytes(self) -> int:
+        return sum(m.untyped_storage().nbytes() for m in self.master)
+
+
+def build_model(spec, activation: str, dtype):
+    """A transformers GPT2LMHeadModel with random weights from `spec` (nothing downloaded).
+    Eager attention: the formula counts the s x s attention scores that a fused attention kernel
+    (SDPA, FlashAttention) would not store."""
+    from transformers import GPT2LMHeadModel
+
+    config = spec.to_hf_config(activation_function=activation)
+    model = GPT2LMHeadModel._from_config(config, attn_implementation="eager")
+    return model.to(dtype)
+
+
+def run(args, ctx) -> dict:
+    torch.manual_seed(args.seed + ctx.rank)     # each rank its own data; same initial weights
+    spec = get_model("debug-gpt2").with_(
+        name="lab-gpt2", num_layers=args.layers, hidden_size=args.hidden, num_heads=args.heads,
+        num_kv_heads=args.heads, ffn_size=4 * args.hidden, vocab_size=args.vocab,
+        max_seq_len=max(args.seq, 256))
+    dtype = torch.float32 if args.precision == "fp32" else torch.bfloat16
+    torch.manual_seed(args.seed)
+    model = build_model(spec, args.activation, dtype).to(ctx.device)
+    model.train()
+    if args.recompute == "full":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    n_params = sum(p.numel() for p in model.parameters())
+    assert n_params == spec.num_params(), (n_params, spec.num_params())
+
+    if args.precision == "bf16-mixed":
+        opt = MasterWeights(model.parameters(), lr=1e-3)
+        inner = opt.optimizer
+    else:
+        opt = inner = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    gen = torch.Generator().manual_seed(args.seed + 1000 * ctx.rank)
+    dropout = contextlib.nullcontext if args.cpu_dropout else fused_dropout
+    measure.reset_peak_memory(ctx.device)
+    losses = []
+    for step in range(args.steps):
+        ids = torch.randint(0, spec.vocab_size, (args.batch, args.seq), generator=gen)
+        ids = ids.to(ctx.device)
+        last = step == args.steps - 1
+        # Backward too: full recompute re-runs the forward inside backward.
+        with dropout():
+            with measure.SavedActivations(model) as saved:
+                loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+        if ctx.world_size > 1:      # plain data parallelism: average every gradient
+            for p in model.parameters():
+                tdist.all_reduce(p.grad)
+                p.grad /= ctx.world_size
+        opt.step()
+        losses.append(loss.item())
+        if last:     # measure before zero_grad: weights, gradients and states all alive
+            states = measure.state_bytes(model, inner)
+            master = opt.master_bytes() if isinstance(opt, MasterWeights) else 0
+        opt.zero_grad(set_to_none=True)
+        dist.progress(step + 1, args.steps, loss=losses[-1])
+
+    measured = {"params": states.params, "grads": states.grads,
+                "optimizer_states": states.optimizer_states + master,
+                "activations": saved.bytes}
+    measured["model_states"] = measured["params"] + measured["grads"] + \
+        measured["optimizer_states"]
+    est = estimate_memory(spec, batch_size=args.batch, seq_len=args.seq,
+                          precision=args.precision, optimizer="adamw", recompute=args.recompute)
+    predicted = {k: getattr(est, k) for k in TERMS}
+    return dict(
+        rank=ctx.rank, world_size=ctx.world_size, device=str(ctx.device),
+        precision=args.precision, recompute=args.recompute, activation=args.activation,
+        cpu_dropout=args.cpu_dropout, num_params=n_params, num_param_tensors=len(list(
+            model.parameters())), batch=args.batch, seq=args.seq, layers=args.layers,
+        hidden=args.hidden, heads=args.heads, vocab=args.vocab,
+        measured=measured, predicted=predicted,
+        ratio={k: measured[k] / predicted[k] for k in TERMS},
+        optimizer_steps=states.optimizer_steps,
+        saved_by_dtype=dict(saved.by_dtype), saved_tensors=saved.count,
+        peak_cuda=measure.peak_memory(ctx.device), predicted_total=est.total,
+        losses=losses)
+
+
+def print_table(r: dict) -> None:
+    print(f"GPT-2 from config: {r['layers']} layers, hidden {r['hidden']}, {r['heads']} heads, "
+          f"vocab {r['vocab']}: {r['num_params']:,} parameters; {r['precision']} + AdamW, "
+          f"micro-batch {r['batch']} x {r['seq']} tokens, recompute {r['recompute']}, "
+          f"{r['world_size']} rank(s), {r['device']}")
+    print(f"{'term':<18}{'measured B':>14}{'predicted B':>14}{'ratio':>8}")
+    for k in TERMS:
+        print(f"{k:<18}{r['measured'][k]:>14,}{r['predicted'][k]:>14,.0f}{r['ratio'][k]:>8.3f}")
+    print(f"(apart: AdamW's step counters, {r['num_param_tensors']} tensors x 4 B = "
+          f"{r['optimizer_steps']:,} B)")
+    if r["peak_cuda"] is not None:
+        print(f"peak CUDA memory allocated: {r['peak_cuda']:,} B; predicted total (model states "
+              f"+ activations, no temporaries): {r['predicted_total']:,.0f} B")
+
+
+@record
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--precision", choices=[x for x in PRECISIONS if x != "fp16-mixed"],
+                   default="bf16-mixed", help="labkit's policy name (default bf16-mixed)")
+    p.add_argument("--layers", type=int, default=4, help="transformer layers (default 4)")
+    p.add_argument("--hidden", type=int, default=128, help="hidden size h (default 128)")
+    p.add_argument("--heads", type=int, default=8, help="attention heads a (default 8)")
+    p.add_argument("--vocab", type=int, default=1024, help="vocabulary size v (default 1024)")
+    p.add_argument("--seq", type=int, default=128, help="tokens per sequence s (default 128)")
+    p.add_argument("--batch", type=int, default=4, help="micro-batch b, per rank (default 4)")
+    p.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
+    p.add_argument("--recompute", choices=[r for r in RECOMPUTE if r != "selective"],
+                   default="none", help="full: HF gradient checkpointing of every layer")
+    p.add_argument("--activation", default="gelu_pytorch_tanh",
+                   choices=["gelu_pytorch_tanh", "gelu_new", "gelu"],
+                   help="MLP activation (default: GPT-2's tanh GELU as one kernel)")
+    p.add_argument("--cpu-dropout", action="store_true",
+                   help="use torch's composite CPU dropout (mask in the activation dtype)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+
+    ctx = dist.setup()
+    result = run(args, ctx)
+    if ctx.rank == 0:
+        print_table(result)
+    dist.report(**result)
+    dist.shutdown()
+
+
+if __name__ == "__main__":
+    main()

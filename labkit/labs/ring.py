@@ -69,11 +69,13 @@ def function_source(fn) -> str:
         tree = ast.parse(text)
     except SyntaxError as exc:
         raise ValueError(f"the cell that defines {name}() does not parse: {exc}") from None
+    lines = text.splitlines()
     kept = []
     for node in tree.body:
         if isinstance(node, _KEEP) or (isinstance(node, (ast.Assign, ast.AnnAssign))
                                        and not _has_call(node)):
-            kept.append(ast.get_source_segment(text, node, padded=True) or ast.unparse(node))
+            first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+            kept.append("\n".join(lines[first - 1:node.end_lineno]))   # whole lines: comments too
     out = "\n\n".join(kept) + "\n"
     if not any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name
                for n in tree.body):

@@ -1,0 +1,336 @@
+"""Checks that exercise notebooks call: each says precisely what is wrong, with numbers.
+
+A check cell (tagged ``check`` in ``solutions/NN_*.ipynb``) computes the reference at run time and
+calls one of these functions on what the learner's exercise cell produced::
+
+    from labkit import grading
+    grading.check_close("ex2", answer_bytes, 7e9 * 16, unit="bytes",
+                        hint="mixed-precision AdamW keeps 16 bytes per parameter")
+    grading.check_callable("ex1", param_count, cases=[(768, 12), (1024, 24)],
+                           reference=lambda h, n: 12 * n * h * h)
+
+On success a check prints one line (``✓ ex2: ...``). On failure it raises ``GradingError`` (an
+``AssertionError``) whose message names the check, the expected and the received value (bytes
+shown as GB and GiB, both), their ratio when both are numbers (with the usual suspects: a factor
+of 2, GB vs GiB, bits vs bytes), and what to look at (``hint``). A learner function that still
+raises the stub's ``NotImplementedError`` gives "exercise not attempted yet".
+
+This module runs inside the grading kernel and in learners' notebooks: it imports nothing heavy
+(torch only inside ``check_tensor_close`` and only when a tensor is compared).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Iterable, Mapping
+
+__all__ = [
+    "GradingError",
+    "NOT_ATTEMPTED",
+    "check",
+    "check_equal",
+    "check_close",
+    "check_int",
+    "check_callable",
+    "check_tensor_close",
+    "format_value",
+]
+
+NOT_ATTEMPTED = "exercise not attempted yet"
+_GB, _GIB = 1e9, 2.0**30
+
+
+class GradingError(AssertionError):
+    """A check failed. ``str(err)`` is the whole explanation; the parts are kept as attributes."""
+
+    def __init__(self, message: str, *, name: str | None = None, expected=None, received=None,
+                 hint: str | None = None):
+        super().__init__(message)
+        self.name = name
+        self.expected = expected
+        self.received = received
+        self.hint = hint
+
+
+# ----------------------------------------------------------------------------------- formatting
+
+def _short_repr(value, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 20] + " ... " + text[-12:]
+
+
+def _as_number(value):
+    """A real number for ints, floats, numpy scalars and one-element tensors; else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, numbers.Real):
+        return value
+    item = getattr(value, "item", None)
+    if callable(item):
+        try:
+            numel = value.numel() if hasattr(value, "numel") else getattr(value, "size", 1)
+            if numel == 1:
+                got = item()
+                if isinstance(got, numbers.Real) and not isinstance(got, bool):
+                    return got
+        except Exception:  # noqa: BLE001 - anything odd is simply "not a number"
+            return None
+    return None
+
+
+def _num(x: float) -> str:
+    if isinstance(x, numbers.Integral):
+        return f"{int(x):,}"
+    if math.isfinite(x) and float(x).is_integer() and abs(x) < 1e16:
+        return f"{int(x):,}"
+    return f"{x:.6g}"
+
+
+def _scaled(x: float, base: float, names: list[str]) -> str:
+    """x in the largest unit of `names` (powers of `base`) that keeps it >= 1."""
+    power = 0
+    while power + 1 < len(names) and abs(x) >= base ** (power + 1):
+        power += 1
+    return f"{x / base ** power:.4g} {names[power]}"
+
+
+def format_value(value, unit: str | None = None) -> str:
+    """How a check shows a value: bytes as 'N bytes (x GB = y GiB)', rates in GB/s, others plain."""
+    number = _as_number(value)
+    if number is None:
+        return _short_repr(value)
+    if unit in ("bytes", "B", "byte"):
+        if abs(number) < 1000:
+            return f"{_num(number)} bytes"
+        decimal = _scaled(number, 1000.0, ["bytes", "kB", "MB", "GB", "TB", "PB"])
+        binary = _scaled(number, 1024.0, ["bytes", "KiB", "MiB", "GiB", "TiB", "PiB"])
+        return f"{_num(number)} bytes ({decimal} = {binary})"
+    if unit in ("bytes/s", "B/s"):
+        return f"{_num(number)} bytes/s ({_scaled(number, 1000.0, ['B/s', 'kB/s', 'MB/s', 'GB/s', 'TB/s'])})"
+    if unit in ("FLOPs", "FLOP", "flops"):
+        return f"{_num(number)} FLOPs ({number:.4g})"
+    if unit:
+        return f"{_num(number)} {unit}"
+    return _num(number)
+
+
+def _ratio_note(ratio: float) -> str:
+    """The usual reason for a ratio: GB vs GiB, bits vs bytes, unit prefixes, a whole factor."""
+    def near(a, b):
+        return math.isclose(a, b, rel_tol=2e-3)
+
+    if near(ratio, _GIB / _GB):
+        return "GiB vs GB? received / expected = 2**30 / 1e9"
+    if near(ratio, _GB / _GIB):
+        return "GB vs GiB? received / expected = 1e9 / 2**30"
+    for k, what in ((8, "bits vs bytes?"), (1000, "a unit prefix (k/M/G) off by one step?"),
+                    (1e6, "a unit prefix off by two steps?"), (1e9, "bytes vs GB?"),
+                    (1024, "KiB vs bytes?")):
+        if near(ratio, k):
+            return f"received is {k:g}x expected: {what}"
+        if near(ratio, 1 / k):
+            return f"received is 1/{k:g} of expected: {what}"
+    for k in range(2, 129):
+        if near(ratio, k):
+            return f"received is {k}x expected"
+        if near(ratio, 1 / k):
+            return f"received is 1/{k} of expected"
+    return ""
+
+
+def _comparison(expected, received, unit: str | None) -> list[str]:
+    lines = [f"  expected: {format_value(expected, unit)}",
+             f"  received: {format_value(received, unit)}"]
+    e, r = _as_number(expected), _as_number(received)
+    if e is not None and r is not None and e != 0 and math.isfinite(e) and math.isfinite(r):
+        ratio = r / e
+        note = _ratio_note(ratio)
+        lines.append(f"  ratio received/expected: {ratio:.4g}" + (f" ({note})" if note else ""))
+    return lines
+
+
+def _fail(name: str, what: str, *, expected=None, received=None, unit=None, hint=None,
+          compare: bool = True, extra: Iterable[str] = ()) -> GradingError:
+    lines = [f"{name}: {what}"]
+    if compare:
+        lines += _comparison(expected, received, unit)
+    lines += list(extra)
+    if hint:
+        lines.append(f"  look at: {hint}")
+    return GradingError("\n".join(lines), name=name, expected=expected, received=received, hint=hint)
+
+
+def _passed(name: str, detail: str = "") -> None:
+    print(f"\u2713 {name}" + (f": {detail}" if detail else ""))
+
+
+# --------------------------------------------------------------------------------------- checks
+
+def check(name: str, condition, message: str, *, hint: str | None = None) -> None:
+    """Pass when `condition` is true; else fail with `message` (say what was expected)."""
+    if not condition:
+        raise _fail(name, message, compare=False, hint=hint)
+    _passed(name)
+
+
+def check_equal(name: str, received, expected, *, hint: str | None = None) -> None:
+    """Pass when ``received == expected`` (exact; use check_close for floats)."""
+    try:
+        equal = bool(received == expected)
+    except Exception:  # noqa: BLE001 - e.g. an array's ambiguous truth value
+        equal = False
+    if not equal:
+        extra = []
+        if type(received) is not type(expected):
+            extra.append(f"  types: expected {type(expected).__name__}, "
+                         f"received {type(received).__name__}")
+        raise _fail(name, "wrong value", expected=expected, received=received, hint=hint,
+                    extra=extra)
+    _passed(name, _short_repr(received, 80))
+
+
+def check_close(name: str, received, expected, *, rtol: float = 1e-6, atol: float = 0.0,
+                unit: str | None = None, hint: str | None = None) -> None:
+    """Pass when `received` is a number within ``rtol`` (relative) or ``atol`` of `expected`.
+
+    unit: "bytes" (shown as GB and GiB), "bytes/s", "s", "FLOPs" or any label.
+    """
+    number = _as_number(received)
+    if number is None:
+        raise _fail(name, f"expected a number, received {_short_repr(received)} "
+                          f"(a {type(received).__name__})",
+                    expected=expected, received=received, unit=unit, hint=hint, compare=False,
+                    extra=[f"  expected: {format_value(expected, unit)}"])
+    if not math.isfinite(number) or not math.isclose(number, expected, rel_tol=rtol, abs_tol=atol):
+        tol = f"relative tolerance {rtol:g}" + (f", absolute {atol:g}" if atol else "")
+        raise _fail(name, f"wrong value ({tol})", expected=expected, received=number, unit=unit,
+                    hint=hint)
+    _passed(name, format_value(number, unit))
+
+
+def check_int(name: str, received, expected: int, *, unit: str | None = None,
+              hint: str | None = None) -> None:
+    """Pass when `received` is a whole number equal to `expected` (a float like 7.0 is accepted)."""
+    number = _as_number(received)
+    if number is None or not float(number).is_integer():
+        raise _fail(name, f"expected a whole number, received {_short_repr(received)} "
+                          f"(a {type(received).__name__})",
+                    hint=hint, compare=False, extra=[f"  expected: {format_value(expected, unit)}"])
+    if int(number) != int(expected):
+        raise _fail(name, "wrong value", expected=expected, received=int(number), unit=unit,
+                    hint=hint)
+    _passed(name, format_value(int(number), unit))
+
+
+def _is_tensor(x) -> bool:
+    return type(x).__module__.split(".")[0] == "torch" and hasattr(x, "shape")
+
+
+def _same(received, expected, rtol, atol) -> bool:
+    if _is_tensor(expected) or _is_tensor(received):
+        import torch
+
+        if not (isinstance(received, torch.Tensor) and isinstance(expected, torch.Tensor)):
+            return False
+        if received.shape != expected.shape:
+            return False
+        return bool(torch.allclose(received.detach().double().cpu(), expected.detach().double().cpu(),
+                                   rtol=rtol if rtol is not None else 1e-5, atol=atol or 1e-8))
+    r, e = _as_number(received), _as_number(expected)
+    if r is not None and e is not None:
+        if (rtol is None and isinstance(r, numbers.Integral) and isinstance(e, numbers.Integral)):
+            return r == e
+        return math.isclose(r, e, rel_tol=1e-9 if rtol is None else rtol, abs_tol=atol)
+    if isinstance(expected, Mapping):
+        return (isinstance(received, Mapping) and set(received) == set(expected)
+                and all(_same(received[k], expected[k], rtol, atol) for k in expected))
+    if isinstance(expected, (list, tuple)):
+        return (isinstance(received, (list, tuple)) and len(received) == len(expected)
+                and all(_same(a, b, rtol, atol) for a, b in zip(received, expected)))
+    try:
+        return bool(received == expected)
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _split_case(case):
+    if isinstance(case, Mapping):
+        return (), dict(case)
+    if isinstance(case, tuple):
+        if len(case) == 2 and isinstance(case[0], tuple) and isinstance(case[1], Mapping):
+            return case[0], dict(case[1])
+        return case, {}
+    return (case,), {}
+
+
+def _call_text(fn, args, kwargs) -> str:
+    parts = [_short_repr(a, 60) for a in args] + [f"{k}={_short_repr(v, 60)}" for k, v in kwargs.items()]
+    return f"{getattr(fn, '__name__', 'function')}({', '.join(parts)})"
+
+
+def check_callable(name: str, fn: Callable, cases: Iterable, reference: Callable, *,
+                   rtol: float | None = None, atol: float = 0.0, unit: str | None = None,
+                   hint: str | None = None) -> None:
+    """Call the learner's `fn` on each case and compare with ``reference`` on the same case.
+
+    A case is an argument (``4096``), a tuple of positional arguments (``(4096, 32)``), a dict of
+    keyword arguments, or ``(args_tuple, kwargs_dict)``. Results are compared exactly for whole
+    numbers and other values, within ``rtol`` (default 1e-9) for floats, elementwise for lists,
+    tuples, dicts and tensors.
+    """
+    if not callable(fn):
+        raise _fail(name, f"expected a function, received {_short_repr(fn)} "
+                          f"(a {type(fn).__name__})", compare=False, hint=hint)
+    cases = list(cases)
+    for case in cases:
+        args, kwargs = _split_case(case)
+        call = _call_text(fn, args, kwargs)
+        expected = reference(*args, **kwargs)
+        try:
+            received = fn(*args, **kwargs)
+        except NotImplementedError as exc:
+            raise _fail(name, f"{NOT_ATTEMPTED}: {call} still raises NotImplementedError({exc})",
+                        compare=False, extra=["  replace the line `raise NotImplementedError(...)` "
+                                              "in the exercise cell with your code"]) from exc
+        except Exception as exc:  # noqa: BLE001 - the learner's code may raise anything
+            raise _fail(name, f"{call} raised {type(exc).__name__}: {exc}", compare=False,
+                        extra=[f"  expected it to return {format_value(expected, unit)}"],
+                        hint=hint) from exc
+        if not _same(received, expected, rtol, atol):
+            raise _fail(name, f"wrong result for {call}", expected=expected, received=received,
+                        unit=unit, hint=hint)
+    _passed(name, f"{len(cases)} case{'s' if len(cases) != 1 else ''} agree with the reference")
+
+
+def check_tensor_close(name: str, received, expected, *, rtol: float = 1e-5, atol: float = 1e-8,
+                       hint: str | None = None) -> None:
+    """Pass when `received` is a tensor of `expected`'s shape and close to it elementwise
+    (``torch.allclose`` in float64). Failing says where the largest difference is."""
+    import torch
+
+    if not isinstance(received, torch.Tensor):
+        raise _fail(name, f"expected a tensor of shape {tuple(expected.shape)}, received "
+                          f"{_short_repr(received)} (a {type(received).__name__})",
+                    compare=False, hint=hint)
+    if received.shape != expected.shape:
+        raise _fail(name, "wrong shape", compare=False, hint=hint,
+                    extra=[f"  expected shape: {tuple(expected.shape)}",
+                           f"  received shape: {tuple(received.shape)}"])
+    r = received.detach().to("cpu", torch.float64)
+    e = expected.detach().to("cpu", torch.float64)
+    if torch.allclose(r, e, rtol=rtol, atol=atol):
+        _passed(name, f"shape {tuple(received.shape)}")
+        return
+    bad = ~torch.isclose(r, e, rtol=rtol, atol=atol)
+    diff = (r - e).abs().nan_to_num(nan=math.inf)
+    flat = int(torch.argmax(diff))
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), r.shape)) if r.dim() else ()
+    extra = [f"  {int(bad.sum())} of {r.numel()} elements differ "
+             f"(relative tolerance {rtol:g}, absolute {atol:g})",
+             f"  largest difference at index {index}: expected {e[index].item():.6g}, "
+             f"received {r[index].item():.6g}"]
+    if received.dtype != expected.dtype:
+        extra.append(f"  dtypes: expected {expected.dtype}, received {received.dtype}")
+    if torch.isnan(r).any():
+        extra.append("  received contains NaN")
+    raise _fail(name, "tensor values differ", compare=False, hint=hint, extra=extra)

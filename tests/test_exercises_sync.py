@@ -1,0 +1,202 @@
+"""exercises/ is generated from solutions/ (labkit.exercises): stubs, no leaks, determinism, sync.
+
+Runs on the fixture under tests/fixtures/ and on every real solutions/*.ipynb (none yet: those
+parameters are skipped as an empty set)."""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from labkit import exercises as ex
+
+FIXTURES = Path(__file__).parent / "fixtures"
+FIX_SOL = FIXTURES / "solutions"
+FIX_EX = FIXTURES / "exercises"
+FIXTURE = FIX_SOL / "99_grading_fixture.ipynb"
+REAL = sorted((ex.REPO_ROOT / "solutions").glob("*.ipynb"))
+
+
+def _nb(*cells):
+    return nbformat.v4.new_notebook(cells=list(cells))
+
+
+def _code(src, *tags, **labkit):
+    meta = {"tags": list(tags)} if tags else {}
+    if labkit:
+        meta["labkit"] = labkit
+    return nbformat.v4.new_code_cell(src, metadata=meta)
+
+
+# ------------------------------------------------------------------------------------- stubbing
+
+def test_stub_keeps_indentation_and_counts_code_lines():
+    src = ("def f(x):\n    '''doc'''\n    ### BEGIN SOLUTION\n    # a comment\n    y = x + 1\n\n"
+           "    return y\n    ### END SOLUTION\n\nz = f(1)")
+    out = ex.stub_source(src, "ex7")
+    assert out == ("def f(x):\n    '''doc'''\n"
+                   '    raise NotImplementedError("Exercise ex7: write ~2 lines")\n\nz = f(1)')
+
+
+def test_stub_replaces_every_region_and_singular_hint():
+    src = "### BEGIN SOLUTION\na = 1\n### END SOLUTION\nif True:\n  ### BEGIN SOLUTION\n  b = 2\n  c = 3\n  ### END SOLUTION"
+    out = ex.stub_source(src, "e")
+    assert out.splitlines() == ['raise NotImplementedError("Exercise e: write ~1 line")', "if True:",
+                                '  raise NotImplementedError("Exercise e: write ~2 lines")']
+
+
+@pytest.mark.parametrize("src, words", [
+    ("### BEGIN SOLUTION\nx = 1", "never closed"),
+    ("x = 1\n### END SOLUTION", "without"),
+    ("### BEGIN SOLUTION\n### BEGIN SOLUTION\n### END SOLUTION", "nested"),
+    ("## BEGIN SOLUTION\nx = 1\n## END SOLUTION", "malformed marker"),
+    ("### BEGIN SOLUTION  \nx = 1\n###END SOLUTION", "malformed marker"),
+    ("x = 1", "no '### BEGIN SOLUTION'"),
+])
+def test_stub_rejects_broken_markers(src, words):
+    with pytest.raises(ex.NotebookFormatError, match=words):
+        ex.stub_source(src, "ex1", "nb, cell 3")
+
+
+def test_layout_ids_and_check_names():
+    nb = _nb(_code("setup = 1"),
+             _code("### BEGIN SOLUTION\na = 1\n### END SOLUTION", "exercise"),
+             _code("check a", "check"),
+             _code("### BEGIN SOLUTION\nb = 1\n### END SOLUTION", "exercise", exercise="bee"),
+             _code("check b1", "check"),
+             _code("check b2", "check", check="b-named"),
+             _code("check a again", "check", checks="ex1"))
+    lay = ex.layout(nb)
+    assert [(e.id, e.index) for e in lay.exercises] == [("ex1", 1), ("bee", 3)]
+    assert [(c.name, c.exercise, c.index) for c in lay.checks] == [
+        ("ex1.1", "ex1", 2), ("bee", "bee", 4), ("b-named", "bee", 5), ("ex1.2", "ex1", 6)]
+
+
+@pytest.mark.parametrize("cells, words", [
+    ([_code("### BEGIN SOLUTION\na=1\n### END SOLUTION", "exercise")], "has no check"),
+    ([_code("x", "exercise", "check")], "both"),
+    ([_code("### BEGIN SOLUTION\na=1\n### END SOLUTION", "exercise", exercise="a b"),
+      _code("c", "check")], "exercise id"),
+    ([_code("### BEGIN SOLUTION\na=1\n### END SOLUTION", "exercise"),
+      _code("c", "check", checks="nope")], "unknown exercise"),
+])
+def test_layout_rejects_bad_solutions(cells, words):
+    with pytest.raises(ex.NotebookFormatError, match=words):
+        ex.layout(_nb(*cells))
+
+
+def test_markers_outside_exercise_cells_are_refused():
+    nb = _nb(_code("### BEGIN SOLUTION\nsecret = 42\n### END SOLUTION"),
+             _code("### BEGIN SOLUTION\na=1\n### END SOLUTION", "exercise"), _code("c", "check"))
+    with pytest.raises(ex.NotebookFormatError, match="outside a cell tagged"):
+        ex.render(nb, "01_x.ipynb")
+
+
+# ------------------------------------------------------------------------------------- rendering
+
+@pytest.fixture(scope="module")
+def fixture_pair():
+    sol = ex.read_notebook(FIXTURE)
+    return sol, ex.render(sol, FIXTURE.name)
+
+
+def test_fixture_exercises_are_stubbed(fixture_pair):
+    sol, rendered = fixture_pair
+    lay = ex.layout(sol)
+    assert [e.id for e in lay.exercises] == ["ex1", "ex2", "layers"]
+    text = ex.dumps(rendered)
+    assert "BEGIN SOLUTION" not in text and "END SOLUTION" not in text
+    stubs = [c for c in rendered.cells if "exercise" in c.metadata.get("tags", [])]
+    assert [c.metadata["labkit"]["exercise"] for c in stubs] == ["ex1", "ex2", "layers"]
+    for cell, id_ in zip(stubs, ["ex1", "ex2", "layers"]):
+        assert f'raise NotImplementedError("Exercise {id_}: write ~' in cell.source
+    assert ex.leaked_lines(sol, rendered) == []
+    # the same number of cells plus the header, in the same order and kinds
+    assert [c.cell_type for c in rendered.cells[1:]] == [c.cell_type for c in sol.cells]
+
+
+def test_rendered_notebook_is_clean(fixture_pair):
+    _, rendered = fixture_pair
+    header = rendered.cells[0]
+    assert header.id == ex.HEADER_ID
+    assert "labkit grade exercises/99_grading_fixture.ipynb" in header.source
+    for cell in rendered.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None
+        assert set(cell.metadata) <= set(ex._KEEP_CELL_METADATA)
+        if "check" in cell.metadata.get("tags", []):
+            assert cell.metadata["editable"] is False and cell.metadata["deletable"] is False
+    nbformat.validate(rendered)
+
+
+def test_leak_detector_finds_a_leak(fixture_pair):
+    sol, rendered = fixture_pair
+    leaky = copy.deepcopy(rendered)
+    leaky.cells[4].source += "\n    size = {\"fp32\": 4, \"bf16\": 2, \"fp16\": 2}[dtype]"
+    assert ex.leaked_lines(sol, leaky) == ['size = {"fp32": 4, "bf16": 2, "fp16": 2}[dtype]']
+
+
+def test_render_ignores_outputs_and_noise_in_solutions(fixture_pair):
+    sol, rendered = fixture_pair
+    noisy = copy.deepcopy(sol)
+    for i, cell in enumerate(noisy.cells):
+        cell.id = f"random-{i * 7919}"
+        cell.metadata["ExecuteTime"] = {"end_time": "2025-01-01"}
+        if cell.cell_type == "code":
+            cell.execution_count = i
+            cell.outputs = [nbformat.v4.new_output("stream", text="14.0 GB\n")]
+    noisy.metadata["language_info"] = {"name": "python", "version": "3.12.1"}
+    assert ex.dumps(ex.render(noisy, FIXTURE.name)) == ex.dumps(rendered)
+
+
+def test_generate_is_deterministic_and_does_not_rewrite(tmp_path):
+    out = tmp_path / "exercises"
+    assert ex.generate(FIX_SOL, out) == [out / FIXTURE.name]
+    first = (out / FIXTURE.name).read_bytes()
+    assert ex.generate(FIX_SOL, out) == []          # unchanged: nothing written
+    (out / FIXTURE.name).unlink()
+    ex.generate(FIX_SOL, out)
+    assert (out / FIXTURE.name).read_bytes() == first
+    assert ex.check_sync(FIX_SOL, out) == []
+
+
+def test_check_sync_reports_stale_missing_orphan_and_leaks(tmp_path):
+    out = tmp_path / "exercises"
+    assert ex.check_sync(FIX_SOL, out)[0].endswith("is missing; run `python -m labkit.exercises`")
+    ex.generate(FIX_SOL, out)
+    target = out / FIXTURE.name
+    nb = ex.read_notebook(target)
+    nb.cells[4].source = nb.cells[4].source.replace(
+        'raise NotImplementedError("Exercise ex1: write ~2 lines")', "return num_params * size")
+    target.write_text(ex.dumps(nb), encoding="utf-8")
+    (out / "42_orphan.ipynb").write_text(ex.dumps(nbformat.v4.new_notebook()), encoding="utf-8")
+    problems = ex.check_sync(FIX_SOL, out)
+    assert any("out of date" in p for p in problems)
+    assert any("contains solution lines" in p and "return num_params * size" in p for p in problems)
+    assert any("42_orphan.ipynb has no solutions notebook" in p for p in problems)
+    assert ex.main(["--solutions", str(FIX_SOL), "--exercises", str(out), "--check"]) == 1
+
+
+def test_committed_fixture_exercises_are_in_sync():
+    assert ex.check_sync(FIX_SOL, FIX_EX) == []
+    assert ex.main(["--solutions", str(FIX_SOL), "--exercises", str(FIX_EX), "--check"]) == 0
+
+
+# ---------------------------------------------------------------------- the course's real notebooks
+
+@pytest.mark.parametrize("solution", REAL, ids=[p.name for p in REAL])
+def test_real_exercises_in_sync(solution):
+    target = ex.REPO_ROOT / "exercises" / solution.name
+    assert target.exists(), f"{target} is missing; run `python -m labkit.exercises`"
+    assert target.read_text(encoding="utf-8") == ex.render_path(solution), (
+        f"{target} is out of date with {solution}; run `python -m labkit.exercises`")
+    assert ex.leaked_lines(ex.read_notebook(solution), ex.read_notebook(target)) == []
+
+
+def test_no_orphan_real_exercises():
+    names = {p.name for p in REAL}
+    orphans = [p.name for p in sorted((ex.REPO_ROOT / "exercises").glob("*.ipynb"))
+               if p.name not in names]
+    assert orphans == [], f"exercises without a solutions notebook: {orphans}"

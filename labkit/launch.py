@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 from labkit import system
@@ -76,7 +77,9 @@ class LabResult:
 
     @property
     def ok(self) -> bool:
-        return self.returncode == 0 and all(r.exit_code == 0 for r in self.ranks)
+        # ranks with no pid ran on other nodes (multi-node): this node knows nothing of them
+        return self.returncode == 0 and all(r.exit_code == 0 for r in self.ranks
+                                            if r.pid is not None)
 
     def __repr__(self) -> str:
         state = "ok" if self.ok else "failed"
@@ -380,18 +383,20 @@ def run_lab(target, nproc: int | None = None, args=(), timeout: float | None = 3
                             rdzv_endpoint, rdzv_id)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env,
                             start_new_session=True, stdin=subprocess.DEVNULL)
-    output: list[str] = []
-    agent_log: list[str] = []
+    printer = _Printer(quiet, verbose, _rank_labeller(nnodes, results_dir))
     stacks: dict[int, str] = {}
-    timed_out = False
+    state = "exited"
 
     def rank_pids() -> dict[int, int]:
         return {r: s["pid"] for r, recs in _read_records(results_dir).items()
                 if (s := _first(recs, "start"))}
 
     try:
-        timed_out = _pump(proc, t0, timeout, output, agent_log, quiet, verbose, nnodes)
-        if timed_out:
+        # On one node, return once every rank has exited 0 (see _pump). Not on several:
+        # torchrun's exit barrier there keeps the other nodes' agents in step.
+        done = (lambda: _all_ranks_done(results_dir, nproc)) if nnodes == 1 else None
+        state = _pump(proc, t0, timeout, printer, done)
+        if state == "timeout":
             pids = {r: p for r, p in rank_pids().items() if _proc_alive(p)}
             stacks = _dump_stacks(pids, results_dir)
     except KeyboardInterrupt:
@@ -402,10 +407,13 @@ def run_lab(target, nproc: int | None = None, args=(), timeout: float | None = 3
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
     _teardown(proc, run_id, set(rank_pids().values()))   # also a clean exit: leave nothing
+    printer.drain(log_dir)
+    returncode = 0 if state == "finished" else proc.returncode
     wall = time.monotonic() - t0
     try:
-        result, failure = _collect(target, nproc, results_dir, log_dir, proc.returncode, wall,
-                                   output, agent_log, run_id, timed_out, timeout, stacks)
+        result, failure = _collect(target, nproc, results_dir, log_dir, returncode, wall,
+                                   printer.output, printer.agent_log, run_id,
+                                   state == "timeout", timeout, stacks)
     finally:
         if not keep_logs:
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -428,24 +436,112 @@ def _shielded(fn) -> None:
         signal.signal(signal.SIGINT, old)
 
 
-def _pump(proc, t0, timeout, output, agent_log, quiet, verbose, nnodes) -> bool:
-    """Print the ranks' lines as they arrive until torchrun exits; True if the timeout fired."""
+def _rank_labeller(nnodes: int, results_dir: str):
+    """torchrun prefixes local ranks; on several nodes, name the global rank once it is known
+    (from the rank's start record)."""
+    if nnodes == 1:
+        return lambda local: f"rank {local}"
+    known: dict[int, int] = {}
+
+    def label(local: int) -> str:
+        if local not in known:
+            for r, recs in _read_records(results_dir).items():
+                if (s := _first(recs, "start")):
+                    known[s["local_rank"]] = r
+        return f"rank {known[local]}" if local in known else f"local rank {local}"
+    return label
+
+
+class _Printer:
+    """Turns torchrun's "[default<local>]:text" lines into "[rank R] text" on our stdout/stderr
+    (looked up at each write, so a notebook cell or pytest's capture gets them); torchrun's own
+    lines go to agent_log. Counts each rank's lines so that what torchrun did not forward can be
+    read from the rank's log file later (`drain`)."""
+
+    def __init__(self, quiet: bool, verbose: bool, label):
+        self.quiet, self.verbose, self.label = quiet, verbose, label
+        self.output: list[str] = []
+        self.agent_log: list[str] = []
+        self.counts: dict[tuple[int, str], int] = defaultdict(int)
+
+    def line(self, line: str, dest: str) -> None:
+        m = _PREFIX.match(line)
+        if m is None:
+            self.agent_log.append(line)
+            if not self.verbose:
+                return
+            text = f"[torchrun] {line}"
+        else:
+            local = int(m.group(1))
+            self.counts[(local, dest)] += 1
+            content = _TORCH_RANK_PREFIX.sub("", m.group(2))
+            if not content.strip():   # torchrun's tail adds empty lines at a rank's exit
+                return
+            text = f"[{self.label(local)}] {content}"
+            self.output.append(text)
+        if not self.quiet:
+            stream = sys.stdout if dest == "stdout" else sys.stderr
+            stream.write(text + "\n")
+            stream.flush()
+
+    def drain(self, log_dir: str) -> None:
+        """Print the lines of each rank's log file (<log_dir>/<run>/attempt_N/<local>/std*.log)
+        that torchrun had not forwarded when it ended."""
+        for root, _dirs, files in os.walk(log_dir):
+            if not os.path.basename(root).isdigit():
+                continue
+            local = int(os.path.basename(root))
+            for dest in ("stdout", "stderr"):
+                if f"{dest}.log" not in files:
+                    continue
+                with open(os.path.join(root, f"{dest}.log"), encoding="utf-8",
+                          errors="replace") as f:
+                    lines = f.read().splitlines()
+                for text in lines[self.counts[(local, dest)]:]:
+                    self.line(f"[default{local}]:{text}", dest)
+
+
+def _all_ranks_done(results_dir: str, nproc: int) -> bool:
+    """Every rank wrote an exit record with code 0 and its process is gone."""
+    records = _read_records(results_dir)
+    if len(records) < nproc:
+        return False
+    for recs in records.values():
+        start, exit_ = _first(recs, "start"), _first(recs, "exit")
+        if not (start and exit_ and exit_["code"] == 0) or _proc_alive(start["pid"]):
+            return False
+    return True
+
+
+def _pump(proc, t0, timeout, printer: _Printer, done=None) -> str:
+    """Print the ranks' lines as they arrive until torchrun exits ("exited"), the timeout
+    fires ("timeout"), or done() says the ranks have all finished ("finished": torchrun is
+    then killed rather than waited for; its own exit takes ~2 s after the ranks' and adds
+    nothing to the result)."""
     sel = selectors.DefaultSelector()
     partial = {}
     for stream, dest in ((proc.stdout, "stdout"), (proc.stderr, "stderr")):
         sel.register(stream, selectors.EVENT_READ, dest)
         partial[dest] = b""
-    exited_at = None
+    exited_at, checked, state = None, 0.0, "exited"
     try:
         while sel.get_map():
             now = time.monotonic()
             if timeout is not None and now - t0 > timeout:
-                return True
+                return "timeout"
             if proc.poll() is not None:
                 exited_at = exited_at or now
                 if now - exited_at > 1.0:   # a leftover process holds the pipe: stop reading
                     break
-            wait = 0.2 if timeout is None else max(0.0, min(0.2, t0 + timeout - now))
+            elif done is not None and now - checked > 0.2:
+                checked = now
+                if done():
+                    state = "finished"
+                    try:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            wait = 0.1 if timeout is None else max(0.0, min(0.1, t0 + timeout - now))
             for key, _ in sel.select(wait):
                 chunk = os.read(key.fileobj.fileno(), 65536)
                 if not chunk:
@@ -453,31 +549,10 @@ def _pump(proc, t0, timeout, output, agent_log, quiet, verbose, nnodes) -> bool:
                     chunk = b"\n" if partial[key.data] else b""
                 *lines, partial[key.data] = (partial[key.data] + chunk).split(b"\n")
                 for raw in lines:
-                    _emit(raw.decode("utf-8", "replace"), key.data, output, agent_log,
-                          quiet, verbose, nnodes)
+                    printer.line(raw.decode("utf-8", "replace"), key.data)
     finally:
         sel.close()
-    return False
-
-
-def _emit(line, dest, output, agent_log, quiet, verbose, nnodes) -> None:
-    m = _PREFIX.match(line)
-    if m is None:
-        agent_log.append(line)
-        if not verbose:
-            return
-        text = f"[torchrun] {line}"
-    else:
-        content = _TORCH_RANK_PREFIX.sub("", m.group(2))
-        if not content.strip():   # torchrun's tail adds empty lines at a rank's exit
-            return
-        who = f"rank {m.group(1)}" if nnodes == 1 else f"local rank {m.group(1)}"
-        text = f"[{who}] {content}"
-        output.append(text)
-    if not quiet:
-        stream = sys.stdout if dest == "stdout" else sys.stderr
-        stream.write(text + "\n")
-        stream.flush()
+    return state
 
 
 def _collect(target, nproc, results_dir, log_dir, returncode, wall, output, agent_log, run_id,

@@ -55,6 +55,9 @@ def test_output_is_streamed_live_and_script_args_pass(monkeypatch):
     assert when["[rank 0] tick 1 from 0"] - when["[rank 0] tick 0 from 0"] >= 2.0
     assert "[rank 0] step 1/2  loss 0.5000" in when      # progress() prints on rank 0 only
     assert not any(line.startswith("[rank 1] step") for line in when)
+    for rank in (0, 1):   # output printed just before the ranks exit is all there, in order
+        burst = [o for o in result.output if o.startswith(f"[rank {rank}] burst ")]
+        assert burst == [f"[rank {rank}] burst {i} from {rank}" for i in range(200)]
     # reports merge per rank; args reached the lab
     assert result.results[1] == {"rank": 1, "slept": 3.0, "done": True}
 
@@ -127,3 +130,18 @@ def test_import_labkit_stays_light():
     code = "import sys, labkit, labkit.launch; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_lines_torchrun_did_not_forward_are_read_from_the_rank_logs(tmp_path, capsys):
+    from labkit.launch import _Printer
+
+    rank_dir = tmp_path / "run_x" / "attempt_0" / "1"
+    rank_dir.mkdir(parents=True)
+    (rank_dir / "stdout.log").write_text("one\ntwo\nthree\n")
+    printer = _Printer(quiet=False, verbose=False, label=lambda local: f"rank {local}")
+    printer.line("[default1]:one", "stdout")          # forwarded by torchrun before it ended
+    printer.line("Some torchrun log line", "stderr")
+    printer.drain(str(tmp_path))
+    assert printer.output == ["[rank 1] one", "[rank 1] two", "[rank 1] three"]
+    assert printer.agent_log == ["Some torchrun log line"]
+    assert capsys.readouterr().out == "[rank 1] one\n[rank 1] two\n[rank 1] three\n"

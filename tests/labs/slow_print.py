@@ -18,4 +18,6 @@ dist.progress(1, 2, loss=0.5)
 print(f"tick 1 from {ctx.rank}", flush=True)
 dist.report(rank=ctx.rank, slept=args.sleep)
 dist.report(done=True)
+for i in range(200):        # a burst just before exit: none of it may be lost
+    print(f"burst {i} from {ctx.rank}")
 dist.shutdown()

@@ -176,7 +176,12 @@ def step_communication(strategy, model=None, num_params=None, dp=1, tp=1, pp=1, 
     - "ddp": one all_reduce of the gradients, Psi x grad_bytes (PyTorch DDP buckets it; the
       total is the same). Gradients are accumulated locally over micro-batches.
     - "zero1", "zero2": reduce_scatter of the gradients + all_gather of the updated weights:
-      the same 2 Psi volume as DDP's all-reduce (Rajbhandari et al. 2020, §7.2.1).
+      the same 2 Psi volume as DDP's all-reduce (Rajbhandari et al. 2020, §7.2.1). With
+      micro-batches, ZeRO-1 accumulates full gradients and reduces once per step, but ZeRO-2
+      keeps only its 1/dp gradient shard, so it must reduce_scatter after every micro-batch's
+      backward (m reduce_scatters; DeepSpeed's engine: "ZeRO stage >= 2 communicates during
+      non gradient accumulation boundaries as well"); this is what `labkit.memory` assumes
+      when it divides ZeRO-2's gradients by dp.
     - "zero3": per micro-batch, all_gather of the weights for the forward, again for the
       backward, and reduce_scatter of the gradients: 3 Psi, 1.5x DDP (§7.2.2).
     - "fsdp": ZeRO-3 per wrapping unit. With a model: one unit per transformer layer plus the
@@ -224,7 +229,8 @@ def step_communication(strategy, model=None, num_params=None, dp=1, tp=1, pp=1, 
         if strategy == "ddp":
             add(Collective("all_reduce", 1, psi * gb, dp, "gradients"))
         elif strategy in ("zero1", "zero2"):
-            add(Collective("reduce_scatter", 1, psi * gb, dp, "gradients"))
+            add(Collective("reduce_scatter", 1 if strategy == "zero1" else m, psi * gb, dp,
+                           "gradients" + (" (every micro-batch)" if strategy == "zero2" else "")))
             add(Collective("all_gather", 1, psi * pb, dp, "updated weights"))
         elif strategy == "zero3":
             add(Collective("all_gather", m, psi * pb, dp, "weights for the forward"))

@@ -77,6 +77,9 @@ def flops_per_step(model, batch_size, seq_len=None, causal=False, recompute="non
                    hardware=False) -> float:
     """Training FLOPs of one step over `batch_size` sequences (the global batch) of seq_len."""
     b = validate.positive_int("batch_size", batch_size)
+    if seq_len is None and isinstance(model, numbers.Real) and not isinstance(model, bool):
+        raise ValueError(f"seq_len=None needs a model with a context length; with model={model!r}"
+                         " (a parameter count) pass seq_len, a whole number >= 1")
     spec_len = seq_len if seq_len is not None else get_model(model).max_seq_len
     s = validate.positive_int("seq_len", spec_len)
     return flops_per_token(model, s, causal, recompute, hardware) * b * s

@@ -55,8 +55,10 @@ class Link:
 
 _A100 = {"fp64": 19.5 * T, "fp32": 19.5 * T, "tf32": 156 * T, "bf16": 312 * T, "fp16": 312 * T,
          "int8": 624 * T}
-_A100_SRC = ("NVIDIA A100 Tensor Core GPU datasheet (SXM): FP64 Tensor 19.5, FP32 19.5, "
-             "TF32 156, BF16/FP16 312 TFLOPS dense (312/624 with sparsity)")
+_A100_SRC = ("NVIDIA A100 Tensor Core GPU datasheet (SXM): dense FP64 Tensor Core 19.5 (FP64 "
+             "9.7 without tensor cores), FP32 19.5 (no tensor cores), TF32 156, BF16/FP16 312 "
+             "TFLOPS, INT8 624 TOPS; the datasheet's starred figures (TF32 312, BF16/FP16 624, "
+             "INT8 1,248) are with sparsity")
 _H100_SXM = {"fp64": 67 * T, "fp32": 67 * T, "tf32": 494.5 * T, "bf16": 989 * T, "fp16": 989 * T,
              "fp8": 1979 * T, "int8": 1979 * T}
 _H100_SRC = ("NVIDIA H100 Tensor Core GPU datasheet (SXM): BF16/FP16 1,979, FP8 3,958, TF32 989 "
@@ -88,9 +90,11 @@ GPUS: dict[str, GPU] = {
               "dense is half"),
     "a10g": GPU("NVIDIA A10G 24GB (AWS G5)", 24 * GB,
                 {"fp32": 35 * T, "tf32": 35 * T, "bf16": 70 * T, "fp16": 70 * T}, 600 * GB,
-                "AWS-only part with no NVIDIA datasheet; dense tensor figures as AWS/NVIDIA "
-                "report them for G5 (about 70 TFLOPS BF16/FP16, 35 FP32), approximate. The "
-                "NVIDIA A10 (not G) datasheet says 125 TFLOPS BF16 dense"),
+                "AWS-only part (G5 instances): NVIDIA publishes no datasheet for it. Figures "
+                "from a third-party spec comparison (Baseten, 'NVIDIA A10 vs A10G for ML model "
+                "inference'): FP32 35, TF32 35, BF16/FP16 70 TFLOPS dense; 24 GB GDDR6, "
+                "600 GB/s. Approximate. Not the NVIDIA A10, whose datasheet says FP32 31.2, "
+                "TF32 62.5, BF16/FP16 125 TFLOPS dense (250 with sparsity)"),
     "t4": GPU("NVIDIA T4 16GB", 16 * GB,
               {"fp32": 8.1 * T, "fp16": 65 * T, "int8": 130 * T}, 320 * GB,
               "NVIDIA T4 datasheet: FP16/FP32 mixed 65 TFLOPS, FP32 8.1, INT8 130 TOPS; Turing "

@@ -12,8 +12,10 @@ also the weights.
 Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
 Models", §4 and Table 2): bytes stored for the backward pass per transformer layer, assuming
 16-bit activations and 1-byte dropout masks, for a GPT-style layer (multi-head attention and a 4h
-MLP). labkit applies the same formula to Llama-style layers (grouped-query attention, gated MLP);
-there it is an approximation, and `labkit.measure` reports what a real run holds.
+MLP). With precision="fp32" the forward stores fp32 values: `estimate_memory` counts 4 bytes for
+each value the paper counts at 2 (the masks stay 1 byte). labkit applies the same formula to
+Llama-style layers (grouped-query attention, gated MLP); there it is an approximation, and
+`labkit.measure` reports what a real run holds.
 
 Everything here is pure Python (no torch import); results are bytes per GPU.
 """
@@ -84,11 +86,39 @@ def activation_bytes_per_layer(seq_len, batch_size, hidden_size, num_heads, tp=1
     a = validate.positive_int("num_heads", num_heads)
     t = validate.divides("tp", tp, "num_heads", a)
     validate.choice("recompute", recompute, RECOMPUTE)
+    return _layer_activations(s, b, h, a, t, sequence_parallel, recompute)
+
+
+def activation_value_bytes(precision: str) -> int:
+    """Bytes of one stored activation value under `precision`: 4 for "fp32" (the forward runs
+    in fp32), else 2 (fp16/bf16, the Korthikanti et al. setting). Dropout masks stay 1 byte."""
+    validate.choice("precision", precision, PRECISIONS)
+    return 4 if precision == "fp32" else 2
+
+
+def _layer_activations(s, b, h, a, t, sp, recompute, value_bytes=2, kv_len=None) -> float:
+    """Korthikanti et al. 2022 (§4.1), term by term, for `value_bytes`-byte activations.
+
+    Per layer, in units of s*b*h (value_bytes = 2 gives Table 2 exactly):
+    - kept whole by tensor parallelism (split by t only with sequence parallelism): the two
+      LayerNorm inputs, the QKV and MLP inputs (4 values), the attention-output and MLP dropout
+      masks (2 bytes): 4 * value_bytes + 2 (= 10);
+    - split by t: Q, K, V, the output projection's input (4 values), the GELU input and output
+      (8 values): 12 * value_bytes (= 24);
+    - the attention core, split by t: softmax output and dropout output (2 values) and the
+      dropout mask (1 byte) per score, a * s * kv_len scores: (2 * value_bytes + 1) a kv_len / h
+      (= 5 a s / h). kv_len: keys each query attends to (the whole sequence, also when context
+      parallelism gives this rank only s of the queries).
+    - full recompute: the layer's input only, value_bytes * s*b*h (= 2 s*b*h).
+    """
     sbh = s * b * h
+    kv = s if kv_len is None else kv_len
     if recompute == "full":
-        return 2 * sbh / (t if sequence_parallel else 1)
-    attn_core = 0.0 if recompute == "selective" else 5 * a * s / (h * t)
-    rest = 34 / t if sequence_parallel else 10 + 24 / t
+        return value_bytes * sbh / (t if sp else 1)
+    whole = 4 * value_bytes + 2
+    split = 12 * value_bytes
+    attn_core = 0.0 if recompute == "selective" else (2 * value_bytes + 1) * a * kv / (h * t)
+    rest = (whole + split) / t if sp else whole + split / t
     return sbh * (rest + attn_core)
 
 
@@ -178,7 +208,8 @@ def estimate_memory(model, batch_size=1, seq_len=None, precision="bf16-mixed",
         3 also weights (Rajbhandari et al. 2020, §5).
     pp: layers split over stages; in flight on stage i: m for "gpipe", min(pp - i, m) for
         "1f1b" (Narayanan et al. 2021, §2.2), so the first stage holds the most.
-    cp: context parallelism splits each sequence over cp ranks (activations divide by cp).
+    cp: context parallelism splits each sequence over cp ranks (activations divide by cp: each
+        rank keeps s/cp tokens, whose queries attend to all s keys).
     """
     validate.choice("precision", precision, PRECISIONS)
     validate.choice("optimizer", optimizer, OPTIMIZERS)
@@ -220,8 +251,8 @@ def estimate_memory(model, batch_size=1, seq_len=None, precision="bf16-mixed",
                   "optimizer_states": n * o_bytes / shard["optimizer_states"]}
         act = 0.0
         if spec is not None:
-            act = _stage_activations(spec, i, pp, b, s // cp, tp, sequence_parallel, recompute,
-                                     m, schedule)
+            act = _stage_activations(spec, i, pp, b, s, cp, tp, sequence_parallel, recompute,
+                                     m, schedule, activation_value_bytes(precision))
         stages.append((states, act))
     totals = [sum(st.values()) + act for st, act in stages]
     worst = max(range(pp), key=lambda i: totals[i])
@@ -245,20 +276,28 @@ def in_flight(stage: int, pp: int, microbatches: int, schedule: str = "1f1b") ->
     return microbatches if schedule == "gpipe" else min(pp - stage, microbatches)
 
 
-def _stage_activations(spec, i, pp, b, s, tp, sp, recompute, m, schedule) -> float:
+def _stage_activations(spec, i, pp, b, s, cp, tp, sp, recompute, m, schedule,
+                       value_bytes=2) -> float:
     """Activation bytes of stage i: its layers x micro-batches in flight, plus the embedding's
     dropout mask on the first stage and the output layer on the last (Korthikanti et al. 2022,
     §4.3: s*b*h/t for the mask; 4*s*b*h/t*(1 + v/h) for the final norm's and head's 16-bit
-    inputs and the fp32 logits; the /t for h terms needs sequence parallelism)."""
+    inputs and the fp32 logits; the /t for h terms needs sequence parallelism).
+
+    Context parallelism gives this rank s/cp of each sequence's tokens (every s*b*h term
+    divides by cp), whose queries still attend to all s keys (the a*s^2*b attention-core term
+    divides by cp, not cp^2). With fp32 activations (value_bytes = 4) each stored value
+    doubles; the 1-byte dropout masks and the fp32 logits do not change."""
     h, v = spec.hidden_size, spec.vocab_size
-    per_layer = activation_bytes_per_layer(s, b, h, spec.num_heads, tp, sp, recompute)
+    s_local = s // cp
+    per_layer = _layer_activations(s_local, b, h, spec.num_heads, tp, sp, recompute,
+                                   value_bytes, kv_len=s)
     k = in_flight(i, pp, m, schedule)
     act = _stage_layers(spec.num_layers, pp)[i] * per_layer * k
     split = tp if sp else 1
     if i == 0:
-        act += s * b * h / split * k
+        act += s_local * b * h / split * k
     if i == pp - 1:
-        act += (4 * s * b * h / split + 4 * s * b * v / tp) * k
+        act += (2 * value_bytes * s_local * b * h / split + 4 * s_local * b * v / tp) * k
     return act
 
 
@@ -283,7 +322,10 @@ def _explain(n, worst, pp, tp, dp, zero_stage, bytes_, precision, optimizer, spe
         mode = {"none": "no recompute", "selective": "selective recompute",
                 "full": "full recompute"}[i["recompute"]]
         sp = ", sequence parallel" if i["sequence_parallel"] else ""
-        out["activations"] = (f"Korthikanti et al. 2022, {mode}{sp}: seq {i['seq_len']}/cp="
+        width = ("fp32 values (4 B), 1-byte masks" if i["precision"] == "fp32"
+                 else "16-bit values, 1-byte masks")
+        out["activations"] = (f"Korthikanti et al. 2022, {mode}{sp}, {width}: "
+                              f"seq {i['seq_len']}/cp="
                               f"{i['cp']}, micro-batch {i['batch_size']}, "
                               f"{in_flight(worst, pp, i['microbatches'], i['schedule'])} "
                               f"micro-batch(es) in flight ({i['schedule']})")

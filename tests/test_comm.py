@@ -138,3 +138,17 @@ def test_bytes_sent_per_rank_matches_busbw_factor():
 def test_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_zero2_reduce_scatters_every_micro_batch():
+    """ZeRO-2 keeps only its gradient shard, so each micro-batch's gradients are reduce-scattered
+    (DeepSpeed: stage >= 2 communicates off the accumulation boundary); ZeRO-1 and DDP reduce
+    once per step."""
+    psi, dp, m = 1e9, 8, 4
+    z1 = step_communication("zero1", num_params=psi, dp=dp, microbatches=m)
+    z2 = step_communication("zero2", num_params=psi, dp=dp, microbatches=m)
+    assert z1.by_op["reduce_scatter"][0] == 1 and z2.by_op["reduce_scatter"][0] == m
+    assert z1.by_op["all_gather"] == z2.by_op["all_gather"] == (1, pytest.approx(psi * 4 * 7 / 8))
+    assert z2.payload["reduce_scatter"] == (m, pytest.approx(m * psi * 4))
+    assert step_communication("ddp", num_params=psi, dp=dp, microbatches=m).by_op[
+        "all_reduce"][0] == 1

@@ -66,3 +66,9 @@ def test_step_is_tokens_times_per_token():
 def test_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_step_of_a_parameter_count_needs_seq_len():
+    assert flops_per_step(7e9, 8, 1024) == 8 * 1024 * 42e9
+    with pytest.raises(ValueError, match="seq_len=None.*pass seq_len"):
+        flops_per_step(7e9, 8)

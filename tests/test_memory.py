@@ -130,3 +130,33 @@ def test_bad_input(kw, match):
     kw = {"model": "llama2-7b", "seq_len": 1024, **kw}
     with pytest.raises(ValueError, match=match):
         estimate_memory(**kw)
+
+
+def test_fp32_activations_store_4_byte_values():
+    """precision="fp32" runs the forward in fp32: every value Korthikanti et al. count at 2 bytes
+    takes 4; the 1-byte dropout masks do not change (10 = 8 + 2, 24, 5 = 4 + 1, full: 2)."""
+    spec = get_model("llama2-7b")
+    s, b, h, a, L, v = 1024, 2, 4096, 32, 32, 32000
+    sbh = s * b * h
+    layer = sbh * (18 + 48 + 9 * a * s / h)                # fp32: 8*2+2, 24*2, 4*2+1
+    fp32 = estimate_memory(spec, batch_size=b, seq_len=s, precision="fp32")
+    assert fp32.activations == pytest.approx(L * layer + sbh + 8 * sbh + 4 * s * b * v)
+    bf16 = estimate_memory(spec, batch_size=b, seq_len=s, precision="bf16-mixed")
+    assert bf16.activations == pytest.approx(
+        L * activation_bytes_per_layer(s, b, h, a) + sbh + 4 * sbh + 4 * s * b * v)
+    full = estimate_memory(spec, batch_size=b, seq_len=s, precision="fp32", recompute="full")
+    assert full.activations == pytest.approx(L * 4 * sbh + sbh + 8 * sbh + 4 * s * b * v)
+    assert "fp32" in fp32.explain["activations"]
+
+
+def test_cp_attention_core_divides_by_cp_not_cp_squared():
+    """With context parallelism a rank keeps s/cp queries, each attending to all s keys: the
+    5*a*s^2*b attention-core bytes divide by cp, like every other term."""
+    spec = get_model("llama2-7b")
+    s, cp, h, a, L, v = 8192, 4, 4096, 32, 32, 32000
+    sl = s // cp
+    m = estimate_memory(spec, seq_len=s, cp=cp)
+    layer = sl * h * (34 + 5 * a * s / h)
+    assert m.activations == pytest.approx(L * layer + sl * h + 4 * sl * h + 4 * sl * v)
+    whole = estimate_memory(spec, seq_len=s)
+    assert m.activations == pytest.approx(whole.activations / cp)

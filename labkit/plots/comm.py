@@ -287,8 +287,11 @@ def time_vs_size_figure(op, world_size, bandwidth, latency, *, algorithm=None, m
         ax.axvline(cross, color="#E69F00", lw=1)
         ax.text(cross, max(times), f" terms equal at\n {fmt_size(cross)}", fontsize=7,
                 va="top")
-        ax.text(lo * 1.5, min(times) * 1.6, "latency-bound", fontsize=8, color="#8a5a00")
-        ax.text(cross * 4, min(times) * 1.6, "bandwidth-bound", fontsize=8, color="#0b4f7a")
+        ax.text((lo * cross) ** 0.5, min(times) * 1.6, "latency-bound", fontsize=8,
+                color="#8a5a00", ha="center")
+        if hi / cross > 8:
+            ax.text((cross * hi) ** 0.5, min(times) * 1.6, "bandwidth-bound", fontsize=8,
+                    color="#0b4f7a", ha="center")
     if mark is not None:
         tm = collective_time(op, nbytes=mark, world_size=world_size, bandwidth=bandwidth,
                              latency=latency, **kw)

@@ -25,8 +25,8 @@ Precision policies (`--precision`, labkit's names):
 - "fp32": everything in fp32 (4 + 4 + 8 = 16 bytes per parameter, the same total).
 - "bf16": everything in bf16, moments too (2 + 2 + 4 = 8); what torch.optim does for bf16 params.
 Activations are stored in the forward's dtype: bf16 for the bf16 policies, which is what the
-Korthikanti et al. formula assumes (16-bit activations, 1-byte dropout masks). In fp32 they are
-twice as large (ratio ~1.9: the masks stay 1 byte).
+Korthikanti et al. formula assumes (16-bit activations, 1-byte dropout masks); in fp32 4 bytes
+per value (the masks stay 1 byte), which `estimate_memory(precision="fp32")` counts too.
 
 Two choices make the model count what the formula counts, and each has a flag to undo it:
 - GELU: the formula assumes one GELU kernel that saves its input. transformers' GPT-2 default,
@@ -113,8 +113,10 @@ def build_model(spec, activation: str, dtype):
     """A transformers GPT2LMHeadModel with random weights from `spec` (nothing downloaded).
     Eager attention: the formula counts the s x s attention scores that a fused attention kernel
     (SDPA, FlashAttention) would not store."""
+    import transformers
     from transformers import GPT2LMHeadModel
 
+    transformers.logging.set_verbosity_error()   # not its notice that the config has no loss_type
     config = spec.to_hf_config(activation_function=activation)
     model = GPT2LMHeadModel._from_config(config, attn_implementation="eager")
     return model.to(dtype)

@@ -63,6 +63,13 @@ def test_table_row_format():
     assert "size" in lab.HEADER and "busbw" in lab.HEADER
 
 
+def test_bench_entry_is_discovered():
+    from labkit.commands import bench
+    from labkit import bench_collectives
+    assert bench.benchmarks()["collectives"] is bench_collectives.main
+    assert "labkit bench collectives" in bench_collectives.__doc__
+
+
 # ---------------------------------------------------------------------------------------------
 # one launch of each lab
 

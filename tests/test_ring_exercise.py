@@ -132,9 +132,7 @@ def test_a_wrong_ring_is_caught_with_a_reason():
     assert r.sent[0] == pytest.approx(r.expected_sent / 2, rel=0.01)   # half the ring's bytes
 
 
-@pytest.mark.multirank
-def test_ring_all_gather():
-    r = ring.run_user_collective(ring_all_gather, op="all_gather", nproc=N, nbytes=2**20,
-                                 iters=1)
-    assert r.ok, r.summary()
-    assert all(s == pytest.approx(0.75 * r.nbytes, rel=0.01) for s in r.sent)
+def test_ring_all_gather_source_exports():
+    """(Its 4-rank run is in solutions/02_collectives.ipynb, executed by the notebook tier.)"""
+    src = ring.function_source(ring_all_gather)
+    assert "def ring_all_gather(tensor):" in src and "import torch.distributed as dist" in src

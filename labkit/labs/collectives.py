@@ -31,11 +31,14 @@ import argparse
 import math
 import os
 import sys
+import tempfile
 import time
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 _UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+# Not the current directory: a sweep started from a repository must not leave files in it.
+DEFAULT_PLOT = os.path.join(tempfile.gettempdir(), "labkit-collectives.png")
 
 
 def parse_size(text: str) -> int:
@@ -232,8 +235,8 @@ def main(argv=None) -> None:
                    help="timed calls per size (default 10; the mean is reported)")
     p.add_argument("-w", "--warmup", type=int, default=2, help="untimed calls first (default 2)")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
-    p.add_argument("--plot", default="collectives.png",
-                   help="where rank 0 saves the plot (default collectives.png; '' for none)")
+    p.add_argument("--plot", default=DEFAULT_PLOT,
+                   help=f"where rank 0 saves the plot (default {DEFAULT_PLOT}; '' for none)")
     args = p.parse_args(argv)
     try:
         ops = [o for o in args.ops.split(",") if o]

@@ -168,6 +168,7 @@ def _read_template(path: Path):
         raise GradeInputError(f"template {path}: no such file")
     try:
         nb = ex_mod.read_notebook(path)
+        ex_mod.render(nb, path.name)  # all authoring rules: markers, ids, a check per exercise
         return nb, ex_mod.layout(nb, where=str(path))
     except NotebookFormatError as exc:
         raise GradeInputError(f"the template is not a valid solutions notebook: {exc}") from None

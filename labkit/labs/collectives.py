@@ -2,10 +2,12 @@
 print an nccl-tests-like table (size, count, type, redop, time, algbw, busbw), fit the
 alpha-beta model t = alpha + beta * S to each op, and save a plot.
 
+    python -m labkit.labs.collectives                                      # 1 process: nothing sent
     torchrun --nproc-per-node 4 -m labkit.labs.collectives                  # 4 ranks: gloo on CPU
                                                                             #   (NCCL when each has a GPU)
     torchrun --nproc-per-node 4 -m labkit.labs.collectives -b 1K -e 64M -f 2 -n 20
-    labkit bench collectives                                               # the same through labkit
+    labkit run collectives -n 4 -- --sizes 4K,1M,16M                       # via labkit
+    labkit bench collectives                                               # the default sweep
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \\
         --rdzv-endpoint HOST:29500 -m labkit.labs.collectives -e 1G        # two nodes
 
@@ -211,6 +213,9 @@ def format_row(row: dict) -> str:
 
 def format_fit(op: str, world_size: int, fit: dict) -> str:
     m = model_parameters(op, world_size, fit)
+    if m["steps"] == 0:
+        return (f"# fit {op}: t = {fit['alpha'] * 1e6:.1f} us + {fit['beta']:.3g} s/B (one rank: "
+                "nothing is sent, this is the cost of a local call)")
     return (f"# fit {op}: t = {fit['alpha'] * 1e6:.1f} us + S / {1 / fit['beta'] / 1e9:.3f} GB/s"
             f"  (rms rel. err {fit['rms_rel_err']:.0%}); as the ring model: latency "
             f"{m['latency'] * 1e6:.1f} us x {m['steps']:g} steps, link {m['bandwidth'] / 1e9:.3f}"

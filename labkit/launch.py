@@ -266,6 +266,12 @@ def _main_thread_frames(stack_text: str) -> list[tuple[str, int, str]]:
     return block
 
 
+def _short(path: str) -> str:
+    """A path relative to the working directory when it lies below it, else as it is."""
+    rel = os.path.relpath(path) if os.path.isabs(path) else path
+    return path if rel.startswith("..") else rel
+
+
 def _plumbing(path: str) -> bool:
     return path.startswith("<frozen runpy") or path.endswith(("labkit/_bootstrap.py", "runpy.py"))
 
@@ -274,7 +280,7 @@ def _where(frames: list[tuple[str, int, str]]) -> tuple[str | None, str]:
     """(collective the rank waits in or None, "file:line in function" of the lab's own code)."""
     collective = next((fn for path, _, fn in frames
                        if path.endswith("torch/distributed/distributed_c10d.py")), None)
-    mine = next((f"{os.path.relpath(p) if not p.startswith('..') else p}:{ln} in {fn}"
+    mine = next((f"{_short(p)}:{ln} in {fn}"
                  for p, ln, fn in frames
                  if "site-packages" not in p and not p.startswith("<") and not _plumbing(p)),
                 "an unknown place")
@@ -406,7 +412,7 @@ def run_lab(target, nproc: int | None = None, args=(), timeout: float | None = 3
         if not keep_logs:
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
-    _teardown(proc, run_id, set(rank_pids().values()))   # also a clean exit: leave nothing
+    _shielded(lambda: _teardown(proc, run_id, set(rank_pids().values())))   # clean exit too
     printer.drain(log_dir)
     returncode = 0 if state == "finished" else proc.returncode
     wall = time.monotonic() - t0
@@ -578,7 +584,7 @@ def _collect(target, nproc, results_dir, log_dir, returncode, wall, output, agen
                 merged.update(rec["metrics"])
         results.append(merged)
     result = LabResult(target, nproc, ranks, results, wall, returncode, output, agent_log, run_id)
-    name = os.path.relpath(target) if os.path.isabs(target) else target
+    name = _short(target)
 
     if timed_out:
         running = [rr.rank for rr in ranks if records.get(rr.rank) and not _first(
@@ -635,6 +641,11 @@ def _collect(target, nproc, results_dir, log_dir, returncode, wall, output, agen
     if stopped and rank is not None:
         others.append(f"rank{'s' if len(stopped) > 1 else ''} {_ranks(stopped)} "
                       f"stopped by torchrun after rank {rank} failed")
+    if exc_msg and re.search(r"timed out|timeout", exc_msg, re.I) and len(ranks) > 1:
+        others.append(f"hint: rank {rank} gave up waiting in a collective; a rank that never "
+                      "joined it is the usual cause. With the collective timeout above the "
+                      "launcher's (the default under run_lab) the launcher reports where every "
+                      "rank was.")
     text = "\n".join([head, *others] + ([f"Traceback of rank {rank} (the first to fail):",
                                         tb.rstrip()] if tb else []))
     return result, LabError(text, reason=reason, rank=rank, exc_type=exc_type,

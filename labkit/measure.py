@@ -165,8 +165,8 @@ def reset_peak_memory(device=None) -> None:
 # ---------------------------------------------------------------------------------------------
 # collectives
 
-# op name (c10d or _c10d_functional) -> (kind, index of the argument holding the full buffer,
-# factor: "group" multiplies by the group size for functional all-gathers given their input)
+# op name -> (kind, index of the argument holding the full buffer; None: no payload; "group":
+# the functional all-gathers, whose full buffer is their input times group_size = args[1])
 _C10D = {
     "allreduce_": ("all_reduce", 0), "allreduce_coalesced_": ("all_reduce", 0),
     "allgather_": ("all_gather", 0), "_allgather_base_": ("all_gather", 0),

@@ -14,19 +14,22 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 LAB = "labkit.labs.hello"
 
 
 def _direct(nproc: int) -> float:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
-           "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
-           "--rdzv-endpoint", "127.0.0.1:0", "-m", LAB]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    t = time.monotonic()
-    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.monotonic() - t
+    with tempfile.TemporaryDirectory(prefix="labkit-bench-") as logs:   # torchrun's log dir
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+               "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
+               "--rdzv-endpoint", "127.0.0.1:0", "--log-dir", logs, "-m", LAB]
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        t = time.monotonic()
+        subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        return time.monotonic() - t
 
 
 def _via_run_lab(nproc: int) -> float:

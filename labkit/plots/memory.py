@@ -25,29 +25,33 @@ def memory_bars(estimates: dict, capacity: float | None = None, capacity_label: 
                 highlight: str | None = None, title: str = ""):
     """A Figure of stacked bars in GB (1e9 bytes), one bar per (label -> MemoryEstimate).
 
-    capacity: a GPU's memory in bytes, drawn as a dashed line (None: no line).
+    capacity: a GPU's memory in bytes, drawn as a dashed line (None: no line), named in the
+        legend by capacity_label.
     highlight: the label whose bar is drawn opaque with its total written above it; the others
         are drawn faded (None: all opaque).
     """
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
     fig = new_figure(7.0, 3.6)
     ax = fig.add_subplot()
     labels = list(estimates)
     xs = range(len(labels))
     bottoms = [0.0] * len(labels)
+    handles = []
     for attr, name, colour in TERMS:
         heights = [getattr(estimates[k], attr) / GB for k in labels]
-        alphas = [1.0 if highlight in (None, k) else 0.35 for k in labels]
-        for x, hgt, bot, alpha in zip(xs, heights, bottoms, alphas):
-            ax.bar(x, hgt, bottom=bot, color=colour, alpha=alpha, width=0.6,
-                   label=name if x == 0 else None)
+        for x, k, hgt, bot in zip(xs, labels, heights, bottoms):
+            ax.bar(x, hgt, bottom=bot, color=colour, width=0.6,
+                   alpha=1.0 if highlight in (None, k) else 0.35)
         bottoms = [b + hgt for b, hgt in zip(bottoms, heights)]
+        handles.append(Patch(color=colour, label=name))
     top = max(bottoms) if bottoms else 0.0
     if capacity is not None:
         cap = capacity / GB
         ax.axhline(cap, color="black", linestyle="--", linewidth=1.2)
-        ax.annotate(capacity_label or f"{cap:,.0f} GB", xy=(1.0, cap),
-                    xycoords=("axes fraction", "data"), xytext=(-4, 3),
-                    textcoords="offset points", ha="right", va="bottom", fontsize=8)
+        handles.append(Line2D([], [], color="black", linestyle="--",
+                              label=capacity_label or f"GPU memory: {cap:,.0f} GB"))
         top = max(top, cap)
     for x, k, total in zip(xs, labels, bottoms):
         if highlight in (None, k):
@@ -57,6 +61,7 @@ def memory_bars(estimates: dict, capacity: float | None = None, capacity_label: 
     ax.set_xticks(list(xs), labels)
     ax.set_ylabel("GB per GPU (1 GB = 1e9 bytes)")
     if title:
-        ax.set_title(title, fontsize=10)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+        fig.suptitle(title, fontsize=9)
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8,
+              frameon=False)
     return fig

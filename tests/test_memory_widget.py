@@ -44,7 +44,8 @@ def test_verdict_flips_and_figure_changes_when_sharding():
     assert calc.estimate.total == expected.total
     assert "Fits" in calc.verdict.value and "Does not fit" not in calc.verdict.value
     assert fmt_bytes(expected.total) in calc.verdict.value
-    assert bytes(calc.figure.value) != png_before and bytes(calc.figure.value).startswith(b"\x89PNG")
+    png_after = bytes(calc.figure.value)
+    assert png_after != png_before and png_after.startswith(b"\x89PNG")
     assert calc.breakdown.value != breakdown_before
     assert "8 GPU(s) in all" in calc.breakdown.value
 

@@ -31,13 +31,13 @@ per value (the masks stay 1 byte), which `estimate_memory(precision="fp32")` cou
 Two choices make the model count what the formula counts, and each has a flag to undo it:
 - GELU: the formula assumes one GELU kernel that saves its input. transformers' GPT-2 default,
   "gelu_new", is the tanh approximation written as eight elementwise ops, several of which save
-  their own 8*s*b*h-byte inputs (about +40% activations here). The lab uses
+  their own 8*s*b*h-byte inputs (+29% activations with the default shape). The lab uses
   "gelu_pytorch_tanh", the same function in one kernel (`--activation gelu_new` to compare).
 - Dropout: on CUDA, dropout is one fused kernel that saves a 1-byte bool mask. On CPU, torch's
   dropout is composite: it saves its random mask as a tensor of the input's dtype (2 bytes in
-  bf16), +12% activations here. The lab routes dropout through `torch.native_dropout`, the fused
-  kernel CUDA uses (it has a CPU version too), so a CPU run counts what a GPU run stores
-  (`--cpu-dropout` to see torch's CPU default).
+  bf16; +12% activations with the default shape). The lab routes dropout through
+  `torch.native_dropout`, the fused kernel CUDA uses (it has a CPU version too), so a CPU run
+  counts what a GPU run stores (`--cpu-dropout` to see torch's CPU default).
 With --recompute full (transformers' activation checkpointing of every layer) the measurement
 is about 5% above the formula here: each checkpointed layer keeps its inputs, and besides the
 hidden states (2*s*b*h, counted) those include the b x 1 x s x s causal mask transformers builds

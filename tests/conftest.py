@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-collect_ignore_glob = ["fixtures/*", "labs/*"]
+collect_ignore_glob = ["fixtures/*", "labs/*", "lab_server.py"]
 
 # Ranks started by tests share 2 cores: one thread each keeps them from fighting.
 os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -2,15 +2,12 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 
 import pytest
+from lab_server import serving
 
 from labkit.course import lab_command, repo_root
 
@@ -26,28 +23,12 @@ def _get(url: str):
         return e.code, e.read()
 
 
-def _server_info(runtime_dir, proc, deadline):
-    while time.time() < deadline:
-        assert proc.poll() is None, f"JupyterLab exited early with {proc.returncode}"
-        for f in runtime_dir.glob("jpserver-*.json"):
-            try:
-                return json.loads(f.read_text())
-            except json.JSONDecodeError:
-                pass  # being written
-        time.sleep(0.2)
-    raise AssertionError("JupyterLab did not start within 90 s")
-
-
 def test_course_server_lists_the_notebooks_with_the_token(tmp_path):
-    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
-               JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTER_DATA_DIR=str(tmp_path / "data"))
     # The exact command `labkit course` (and so `make lab`) runs, on a port the OS picks.
     cmd = [sys.executable, "-m", "labkit", "course", "--port", "0", "--token", TOKEN, "--no-browser"]
     assert "notebooks/00_welcome.ipynb" in lab_command()
-    proc = subprocess.Popen(cmd, cwd=repo_root(), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    try:
-        info = _server_info(tmp_path / "runtime", proc, time.time() + 90)
+    env = {"JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "JUPYTER_DATA_DIR": str(tmp_path / "data")}
+    with serving(cmd, repo_root(), tmp_path / "runtime", env) as info:
         assert info["hostname"] in ("127.0.0.1", "localhost") and info["token"] == TOKEN
         base = f"http://127.0.0.1:{info['port']}"
         status, body = _get(f"{base}/api/contents/notebooks?token={TOKEN}")
@@ -58,11 +39,3 @@ def test_course_server_lists_the_notebooks_with_the_token(tmp_path):
         assert status == 403, "the server must refuse requests without the token"
         status, _ = _get(f"{base}/lab/tree/notebooks/00_welcome.ipynb?token={TOKEN}")
         assert status == 200
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode is not None

@@ -22,7 +22,6 @@ How, and why so:
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import pkgutil
 import re
@@ -39,10 +38,12 @@ from dataclasses import dataclass, field
 
 from labkit import system
 from labkit.dist import ENV_COLLECTIVE_TIMEOUT, ENV_RESULTS_DIR, ENV_RUN_ID
+from labkit.postmortem import (dump_stacks, elastic_errors, exit_codes_from_summary, first_record,
+                               hang_diagnosis, is_plumbing, main_thread_frames, ranks_text,
+                               read_records, short_path)
+from labkit.teardown import proc_alive, teardown
 from labkit.validate import positive, positive_int
 
-GRACE_SECONDS = 3.0          # between SIGTERM and SIGKILL at teardown
-STACK_WAIT_SECONDS = 2.0     # how long a timeout waits for the ranks' stack dumps
 # Under the launcher a collective waits this much longer than the launcher's own timeout, so a
 # hang is reported by the launcher (which can say who never joined) rather than by a rank.
 COLLECTIVE_TIMEOUT_MARGIN = 30.0
@@ -133,206 +134,6 @@ def resolve_target(target) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# processes
-
-def _proc_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-        return state not in (b"Z", b"X")
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    except OSError:
-        return True
-
-
-def marked_pids(name: str, value: str) -> set[int]:
-    """Live processes whose environment holds name=value (e.g. LABKIT_RUN_ID=<run>)."""
-    needle = f"{name}={value}".encode()
-    found = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle in f.read().split(b"\0") and _proc_alive(int(entry)):
-                    found.add(int(entry))
-        except OSError:
-            continue
-    return found
-
-
-def _signal_all(proc: subprocess.Popen, pids: set[int], sig: int) -> None:
-    for pgid in {proc.pid, *pids}:   # torchrun and each worker lead their own session
-        try:
-            os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def _teardown(proc: subprocess.Popen, run_id: str, rank_pids: set[int]) -> None:
-    """SIGTERM everything of this run, SIGKILL what is left after a grace period, reap torchrun."""
-    pids = rank_pids | marked_pids(ENV_RUN_ID, run_id)
-    _signal_all(proc, pids, signal.SIGTERM)
-    deadline = time.monotonic() + GRACE_SECONDS
-    while time.monotonic() < deadline:
-        proc.poll()
-        if proc.returncode is not None and not any(_proc_alive(p) for p in pids):
-            break
-        time.sleep(0.05)
-    for _ in range(3):
-        pids = {p for p in pids | marked_pids(ENV_RUN_ID, run_id) if _proc_alive(p)}
-        if proc.poll() is None:
-            pids.add(proc.pid)
-        if not pids:
-            break
-        _signal_all(proc, pids, signal.SIGKILL)
-        time.sleep(0.1)
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass
-
-
-# ---------------------------------------------------------------------------------------------
-# records written by the ranks (labkit.dist / labkit._bootstrap)
-
-def _read_records(results_dir: str) -> dict[int, list[dict]]:
-    records: dict[int, list[dict]] = {}
-    if not os.path.isdir(results_dir):
-        return records
-    for name in os.listdir(results_dir):
-        m = re.fullmatch(r"rank(\d+)\.jsonl", name)
-        if not m:
-            continue
-        with open(os.path.join(results_dir, name), encoding="utf-8") as f:
-            lines = [json.loads(line) for line in f if line.endswith("\n") and line.strip()]
-        records[int(m.group(1))] = lines
-    return records
-
-
-def _first(records: list[dict], kind: str) -> dict | None:
-    return next((r for r in records if r["kind"] == kind), None)
-
-
-def _exit_codes_from_summary(agent_log: list[str]) -> dict[int, int]:
-    """torchrun's failure summary lists 'rank : R (local_rank: L)' then 'exitcode : C'."""
-    text = "\n".join(agent_log)
-    pattern = r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)"
-    return {int(r): int(c) for r, c in re.findall(pattern, text)}
-
-
-def _elastic_errors(log_dir: str) -> list[dict]:
-    """torch elastic's error files (<log_dir>/<run>/attempt_N/<local rank>/error.json)."""
-    errors = []
-    for root, _dirs, files in os.walk(log_dir):
-        if "error.json" not in files:
-            continue
-        try:
-            with open(os.path.join(root, "error.json"), encoding="utf-8") as f:
-                msg = json.load(f)["message"]
-            info = msg.get("extraInfo", {}) if isinstance(msg, dict) else {}
-            text = msg.get("message", "") if isinstance(msg, dict) else str(msg)
-            exc_type, _, exc_message = text.partition(": ")
-            errors.append({"rank": int(os.path.basename(root)), "exc_type": exc_type,
-                           "message": exc_message, "traceback": info.get("py_callstack", ""),
-                           "time": float(info.get("timestamp", 0))})
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return sorted(errors, key=lambda e: e["time"])
-
-
-# ---------------------------------------------------------------------------------------------
-# where was each rank at a timeout
-
-_FRAME = re.compile(r'^\s*File "(.+)", line (\d+) in (\S+)')
-
-
-def _main_thread_frames(stack_text: str) -> list[tuple[str, int, str]]:
-    """Frames (file, line, function), most recent first, of the thread faulthandler ran in."""
-    block, current = [], False
-    for line in stack_text.splitlines():
-        if line.startswith("Current thread"):
-            current, block = True, []
-        elif line.startswith("Thread "):
-            current = False
-        elif current and (m := _FRAME.match(line)):
-            block.append((m.group(1), int(m.group(2)), m.group(3)))
-    return block
-
-
-def _short(path: str) -> str:
-    """A path relative to the working directory when it lies below it, else as it is."""
-    rel = os.path.relpath(path) if os.path.isabs(path) else path
-    return path if rel.startswith("..") else rel
-
-
-def _plumbing(path: str) -> bool:
-    return path.startswith("<frozen runpy") or path.endswith(("labkit/_bootstrap.py", "runpy.py"))
-
-
-def _where(frames: list[tuple[str, int, str]]) -> tuple[str | None, str]:
-    """(collective the rank waits in or None, "file:line in function" of the lab's own code)."""
-    collective = next((fn for path, _, fn in frames
-                       if path.endswith("torch/distributed/distributed_c10d.py")), None)
-    mine = next((f"{_short(p)}:{ln} in {fn}"
-                 for p, ln, fn in frames
-                 if "site-packages" not in p and not p.startswith("<") and not _plumbing(p)),
-                "an unknown place")
-    return collective, mine
-
-
-def _dump_stacks(pids: dict[int, int], results_dir: str) -> dict[int, str]:
-    for pid in pids.values():
-        try:
-            os.kill(pid, signal.SIGUSR1)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + STACK_WAIT_SECONDS
-    stacks: dict[int, str] = {}
-    while time.monotonic() < deadline and len(stacks) < len(pids):
-        time.sleep(0.1)
-        for r in pids:
-            try:
-                with open(os.path.join(results_dir, f"rank{r}.stack"), encoding="utf-8",
-                          errors="replace") as f:
-                    text = f.read()
-            except OSError:
-                continue
-            if "Current thread" in text and text.endswith("\n"):
-                stacks[r] = text
-    return stacks
-
-
-def _hang_diagnosis(running: list[int], stacks: dict[int, str]) -> list[str]:
-    waiting, elsewhere = {}, {}
-    for r in running:
-        if r not in stacks:
-            continue
-        collective, mine = _where(_main_thread_frames(stacks[r]))
-        (waiting if collective else elsewhere)[r] = (collective, mine)
-    lines = [f"rank {r} is not in a collective: it is at {mine}"
-             for r, (_, mine) in sorted(elsewhere.items())]
-    for r, (coll, mine) in sorted(waiting.items()):
-        blame = (f": rank{'s' if len(elsewhere) > 1 else ''} "
-                 f"{_ranks(elsewhere)} never joined it" if elsewhere else "")
-        lines.append(f"rank {r} waits in {coll} ({mine}){blame}")
-    kinds = {c for c, _ in waiting.values()}
-    if waiting and not elsewhere and len(kinds) > 1:
-        lines.append("the ranks wait in different collectives: a mismatch, each waits forever")
-    return lines
-
-
-def _ranks(ranks) -> str:
-    return ", ".join(str(r) for r in sorted(ranks))
-
-
-# ---------------------------------------------------------------------------------------------
 # the launcher
 
 def _torchrun_command(target: str, nproc: int, args, log_dir: str, run_id: str, nnodes: int,
@@ -394,8 +195,8 @@ def run_lab(target, nproc: int | None = None, args=(), timeout: float | None = 3
     state = "exited"
 
     def rank_pids() -> dict[int, int]:
-        return {r: s["pid"] for r, recs in _read_records(results_dir).items()
-                if (s := _first(recs, "start"))}
+        return {r: s["pid"] for r, recs in read_records(results_dir).items()
+                if (s := first_record(recs, "start"))}
 
     try:
         # On one node, return once every rank has exited 0 (see _pump). Not on several:
@@ -403,16 +204,16 @@ def run_lab(target, nproc: int | None = None, args=(), timeout: float | None = 3
         done = (lambda: _all_ranks_done(results_dir, nproc)) if nnodes == 1 else None
         state = _pump(proc, t0, timeout, printer, done)
         if state == "timeout":
-            pids = {r: p for r, p in rank_pids().items() if _proc_alive(p)}
-            stacks = _dump_stacks(pids, results_dir)
+            pids = {r: p for r, p in rank_pids().items() if proc_alive(p)}
+            stacks = dump_stacks(pids, results_dir)
     except KeyboardInterrupt:
-        _shielded(lambda: _teardown(proc, run_id, set(rank_pids().values())))
+        _shielded(lambda: teardown(proc, run_id, set(rank_pids().values())))
         print(f"labkit: interrupted; stopped torchrun and the ranks of {target}",
               file=sys.stderr, flush=True)
         if not keep_logs:
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
-    _shielded(lambda: _teardown(proc, run_id, set(rank_pids().values())))   # clean exit too
+    _shielded(lambda: teardown(proc, run_id, set(rank_pids().values())))   # clean exit too
     printer.drain(log_dir)
     returncode = 0 if state == "finished" else proc.returncode
     wall = time.monotonic() - t0
@@ -451,8 +252,8 @@ def _rank_labeller(nnodes: int, results_dir: str):
 
     def label(local: int) -> str:
         if local not in known:
-            for r, recs in _read_records(results_dir).items():
-                if (s := _first(recs, "start")):
+            for r, recs in read_records(results_dir).items():
+                if (s := first_record(recs, "start")):
                     known[s["local_rank"]] = r
         return f"rank {known[local]}" if local in known else f"local rank {local}"
     return label
@@ -509,12 +310,12 @@ class _Printer:
 
 def _all_ranks_done(results_dir: str, nproc: int) -> bool:
     """Every rank wrote an exit record with code 0 and its process is gone."""
-    records = _read_records(results_dir)
+    records = read_records(results_dir)
     if len(records) < nproc:
         return False
     for recs in records.values():
-        start, exit_ = _first(recs, "start"), _first(recs, "exit")
-        if not (start and exit_ and exit_["code"] == 0) or _proc_alive(start["pid"]):
+        start, exit_ = first_record(recs, "start"), first_record(recs, "exit")
+        if not (start and exit_ and exit_["code"] == 0) or proc_alive(start["pid"]):
             return False
     return True
 
@@ -564,15 +365,15 @@ def _pump(proc, t0, timeout, printer: _Printer, done=None) -> str:
 def _collect(target, nproc, results_dir, log_dir, returncode, wall, output, agent_log, run_id,
              timed_out, timeout, stacks):
     """Build the LabResult and, when the lab failed, the LabError to raise."""
-    records = _read_records(results_dir)
-    summary_codes = _exit_codes_from_summary(agent_log)
+    records = read_records(results_dir)
+    summary_codes = exit_codes_from_summary(agent_log)
     world = max([nproc] + [s["world_size"] for recs in records.values()
-                           if (s := _first(recs, "start"))])
+                           if (s := first_record(recs, "start"))])
     end = time.time()
     ranks, results = [], []
     for r in range(world):
         recs = records.get(r, [])
-        start, exit_ = _first(recs, "start"), _first(recs, "exit")
+        start, exit_ = first_record(recs, "start"), first_record(recs, "exit")
         code = exit_["code"] if exit_ else summary_codes.get(r)
         if code is None and returncode == 0 and start:
             code = 0
@@ -584,19 +385,19 @@ def _collect(target, nproc, results_dir, log_dir, returncode, wall, output, agen
                 merged.update(rec["metrics"])
         results.append(merged)
     result = LabResult(target, nproc, ranks, results, wall, returncode, output, agent_log, run_id)
-    name = _short(target)
+    name = short_path(target)
 
     if timed_out:
-        running = [rr.rank for rr in ranks if records.get(rr.rank) and not _first(
-            records[rr.rank], "exit") and not _first(records[rr.rank], "error")]
+        running = [rr.rank for rr in ranks if records.get(rr.rank) and not first_record(
+            records[rr.rank], "exit") and not first_record(records[rr.rank], "error")]
         lines = [f"lab {name} timed out: the launcher's timeout of {timeout:g} s fired with "
-                 + (f"rank{'s' if len(running) > 1 else ''} {_ranks(running)} still running"
+                 + (f"rank{'s' if len(running) > 1 else ''} {ranks_text(running)} still running"
                     if running else "no rank started yet (imports too slow? raise timeout)")]
-        lines += _hang_diagnosis(running, stacks)
+        lines += hang_diagnosis(running, stacks)
         for r in sorted(stacks):
             lines.append(f"--- Python stack of rank {r} at the timeout (most recent call first):")
-            frames = _main_thread_frames(stacks[r])
-            lines += [f"  {p}:{ln} in {fn}" for p, ln, fn in frames if not _plumbing(p)]
+            frames = main_thread_frames(stacks[r])
+            lines += [f"  {p}:{ln} in {fn}" for p, ln, fn in frames if not is_plumbing(p)]
         return result, LabError("\n".join(lines), reason="timeout", result=result)
 
     if result.ok:
@@ -604,7 +405,7 @@ def _collect(target, nproc, results_dir, log_dir, returncode, wall, output, agen
     errors = sorted(({**rec, "rank": r} for r, recs in records.items() for rec in recs
                      if rec["kind"] == "error"), key=lambda e: e["time"])
     if not errors:
-        errors = _elastic_errors(log_dir)
+        errors = elastic_errors(log_dir)
     others = []
     if errors:
         first = errors[0]
@@ -639,7 +440,7 @@ def _collect(target, nproc, results_dir, log_dir, returncode, wall, output, agen
     stopped = [rr.rank for rr in ranks if rr.exit_code is not None and rr.exit_code < 0
                and rr.rank not in errored and rr.rank != rank]
     if stopped and rank is not None:
-        others.append(f"rank{'s' if len(stopped) > 1 else ''} {_ranks(stopped)} "
+        others.append(f"rank{'s' if len(stopped) > 1 else ''} {ranks_text(stopped)} "
                       f"stopped by torchrun after rank {rank} failed")
     if exc_msg and re.search(r"timed out|timeout", exc_msg, re.I) and len(ranks) > 1:
         others.append(f"hint: rank {rank} gave up waiting in a collective; a rank that never "

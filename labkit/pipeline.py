@@ -187,7 +187,6 @@ def _simulate_zero_bubble(p, m, f, b, w, c) -> PipelineResult:
     f_done: dict = {}
     b_done: dict = {}
     next_f = [0] * p
-    b_queue = [[] for _ in range(p)]      # microbatches whose B is the next to run, in order
     w_queue = [[] for _ in range(p)]
     next_b = [0] * p
     held = [0] * p

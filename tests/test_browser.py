@@ -52,9 +52,11 @@ def lab_server(tmp_path):
 
 def test_memory_calculator_renders_and_reacts(lab_server):
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
+    from labkit.memory import estimate_memory
     from labkit.models import PRESETS
+    from labkit.plots import fmt_bytes
 
     gpt2_label = f"gpt2 ({PRESETS['gpt2'].num_params() / 1e9:.2f}B params)"
     with sync_playwright() as p:
@@ -93,11 +95,19 @@ def test_memory_calculator_renders_and_reacts(lab_server):
             dp.fill("8")
             dp.press("Enter")
             _wait_for_verdict(page, "Fits")
-            # Bad input is a message in the widget, not a traceback: GPT-2 has 1024 positions.
+            # GPT-2 has 1024 learned positions: picking it moves the sequence length to 1024.
             model = page.locator(".widget-dropdown", has_text="model").locator("select")
             model.select_option(label=gpt2_label)
+            readout = page.locator(".widget-slider", has_text="seq length").locator(".widget-readout")
+            expect(readout).to_have_text("1024", timeout=30_000)
+            expect(page.locator(".labkit-verdict")).to_contain_text("Fits", timeout=30_000)
+            gpt2 = estimate_memory("gpt2", seq_len=1024, zero_stage=3, dp=8, recompute="full")
+            expect(page.locator(".labkit-verdict")).to_contain_text(fmt_bytes(gpt2.total))
+            # Bad input is a message in the widget, not a traceback.
+            dp.fill("0")
+            dp.press("Enter")
             page.wait_for_selector(".labkit-error", timeout=30_000)
-            assert "1024" in page.locator(".labkit-error").inner_text()
+            assert "dp=0" in page.locator(".labkit-error").inner_text()
             assert page.locator(".jp-OutputArea-output[data-mime-type*='error']").count() == 0
         except Exception:
             page.screenshot(path=str(SCREENSHOT))   # what the browser showed, for the failure report

@@ -8,6 +8,7 @@ import pytest
 
 from labkit.hardware import GPUS
 from labkit.memory import estimate_memory
+from labkit.models import get_model
 from labkit.plots import fmt_bytes
 from labkit.widgets.memory import MemoryCalculator
 
@@ -117,3 +118,15 @@ def test_custom_shape_is_a_llama_model():
 def test_unknown_initial_control_is_refused():
     with pytest.raises(ValueError, match="unknown control"):
         MemoryCalculator(zero=3)
+
+
+def test_picking_gpt2_moves_the_sequence_to_its_1024_positions():
+    calc = MemoryCalculator(model="llama2-7b")
+    assert calc.controls["seq_len"].value == 4096
+    calc.controls["model"].value = "gpt2"
+    assert calc.controls["seq_len"].value == get_model("gpt2").max_seq_len == 1024
+    assert calc.error is None and calc.estimate.total == estimate_memory("gpt2", seq_len=1024).total
+    calc.controls["model"].value = "llama2-7b"        # a longer context leaves the choice alone
+    assert calc.controls["seq_len"].value == 1024
+    # An explicit choice is kept, and an impossible one is explained.
+    assert MemoryCalculator(model="gpt2", seq_len=2048).error.startswith("seq_len=2048 exceeds")

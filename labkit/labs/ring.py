@@ -270,7 +270,6 @@ def main(argv=None) -> None:
     p.add_argument("--iters", type=int, default=3, help="timed calls of each (default 3)")
     args = p.parse_args(argv)
 
-    import torch
     import torch.distributed as tdist
     from labkit import dist
     from labkit.comm import bytes_sent_per_rank

@@ -24,7 +24,7 @@ from labkit.comm import ALGORITHMS, OPS, algbw, bus_bandwidth, bytes_sent_per_ra
 from labkit.hardware import LINKS
 from labkit.plots import png_bytes
 from labkit.plots.comm import crossover_bytes, fmt_size as _fmt_size, time_vs_size_figure
-from labkit.widgets import error_html, table_html
+from labkit.widgets import Calculator, error_html, table_html
 
 CUSTOM = "custom"
 MB = 1e6
@@ -38,7 +38,7 @@ def _fmt_time(t: float) -> str:
     return f"{t:,.3f} s"
 
 
-class CommCalculator:
+class CommCalculator(Calculator):
     """Time of one collective under the alpha-beta model (ring or tree).
 
     Controls (names as in `controls`): op, algorithm, size_mb (message size S in MB = 1e6 bytes,
@@ -72,11 +72,7 @@ class CommCalculator:
                                             style=style, layout=wide),
         }
         self.controls: dict[str, widgets.Widget] = c
-        unknown = set(initial) - set(c)
-        if unknown:
-            raise ValueError(f"unknown control(s) {sorted(unknown)}; allowed: {', '.join(c)}")
-        for name, value in initial.items():
-            c[name].value = value
+        self._set_initial(initial)
 
         self.result = widgets.HTML()
         self.figure = widgets.Image(format="png", layout=widgets.Layout(width="640px"))
@@ -85,8 +81,7 @@ class CommCalculator:
         self._custom_box = widgets.VBox([c["bandwidth_gbs"], c["latency_us"]])
         self.widget = widgets.VBox([c["op"], c["algorithm"], c["size_mb"], c["ranks"], c["link"],
                                     self._custom_box, self.result, self.figure])
-        for w in c.values():
-            w.observe(self._on_change, names="value")
+        self._watch()
         self.update()
 
     # ---- what the controls say -----------------------------------------------------------
@@ -110,9 +105,6 @@ class CommCalculator:
                     latency=lat, algorithm=c["algorithm"].value)
 
     # ---- recomputing ---------------------------------------------------------------------
-    def _on_change(self, change) -> None:
-        self.update()
-
     def update(self) -> None:
         c = self.controls
         self._custom_box.layout.display = "" if c["link"].value == CUSTOM else "none"
@@ -173,6 +165,3 @@ class CommCalculator:
                                                     f"{L.latency * 1e6:g} µs"),
                      ("source", L.source)]
         return head + table_html(rows, header=("", ""))
-
-    def _repr_mimebundle_(self, **kwargs):
-        return self.widget._repr_mimebundle_(**kwargs)

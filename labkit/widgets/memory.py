@@ -22,7 +22,7 @@ from labkit.memory import OPTIMIZERS, PRECISIONS, RECOMPUTE, ZERO_STAGES, estima
 from labkit.models import PRESETS, ModelSpec
 from labkit.plots import GB, fmt_bytes, png_bytes
 from labkit.plots.memory import memory_bars
-from labkit.widgets import error_html, table_html
+from labkit.widgets import Calculator, error_html, table_html
 
 CUSTOM = "custom"
 SEQ_LENS = [2**k for k in range(7, 18)]          # 128 ... 131072 tokens
@@ -35,7 +35,7 @@ _TERM_NAMES = {"params": "weights", "grads": "gradients", "optimizer_states": "o
                "activations": "activations"}
 
 
-class MemoryCalculator:
+class MemoryCalculator(Calculator):
     """Per-GPU training memory, with a stacked-bar figure and a "fits on this GPU?" verdict.
 
     Keyword arguments set the controls' starting values (names as in `controls`), e.g.
@@ -84,11 +84,7 @@ class MemoryCalculator:
                                       style={"description_width": "60px"},
                                       layout=widgets.Layout(width="190px"))
         self.controls: dict[str, widgets.Widget] = c
-        unknown = set(initial) - set(c)
-        if unknown:
-            raise ValueError(f"unknown control(s) {sorted(unknown)}; allowed: {', '.join(c)}")
-        for name, value in initial.items():
-            c[name].value = value
+        self._set_initial(initial)
 
         self.verdict = widgets.HTML()
         self.breakdown = widgets.HTML()
@@ -103,9 +99,23 @@ class MemoryCalculator:
                               c["sequence_parallel"], c["gpu"]])
         self.widget = widgets.VBox([widgets.HBox([left, right]), self.verdict, self.figure,
                                     self.breakdown])
-        for w in c.values():
-            w.observe(self._on_change, names="value")
+        # Registered first so it runs before the recompute: picking GPT-2 (1024 learned
+        # positions) while 4096 tokens are selected moves the sequence to 1024 instead of
+        # greeting the learner with an error for a choice they did not make.
+        c["model"].observe(self._fit_seq_len, names="value")
+        self._watch()
+        if "seq_len" not in initial:
+            self._fit_seq_len()
         self.update()
+
+    def _fit_seq_len(self, change=None) -> None:
+        """Lower the sequence length to the model's context when the model has learned
+        positions (GPT-2); a typed-in or slid-to value stays checked by estimate_memory."""
+        name = self.controls["model"].value
+        spec = PRESETS.get(name)
+        seq = self.controls["seq_len"]
+        if spec is not None and spec.learned_positions and seq.value > spec.max_seq_len:
+            seq.value = max(s for s in SEQ_LENS if s <= spec.max_seq_len)
 
     # ---- what the controls say ---------------------------------------------------------
     def model(self):
@@ -128,9 +138,6 @@ class MemoryCalculator:
                     recompute=c["recompute"].value, microbatches=c["microbatches"].value)
 
     # ---- recomputing -------------------------------------------------------------------
-    def _on_change(self, change) -> None:
-        self.update()
-
     def update(self) -> None:
         """Recompute from the controls and refresh the verdict, the figure and the breakdown."""
         c = self.controls
@@ -192,6 +199,3 @@ class MemoryCalculator:
         head = (f"<p>Per GPU, {gpus:,} GPU(s) in all (dp={kw['dp']} x tp={kw['tp']} x "
                 f"pp={kw['pp']}). GB = 10<sup>9</sup> bytes, GiB = 2<sup>30</sup> bytes.</p>")
         return head + table_html(rows, header=("term", "GB", "GiB", "where it comes from"))
-
-    def _repr_mimebundle_(self, **kwargs):
-        return self.widget._repr_mimebundle_(**kwargs)

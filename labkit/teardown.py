@@ -1,0 +1,78 @@
+"""Stopping a lab's processes for good: torchrun runs in a session of its own and each rank in
+its own, so teardown signals every process group and every process that carries the run's
+LABKIT_RUN_ID, SIGTERM first and SIGKILL after a grace period (used by labkit.launch)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+from labkit.dist import ENV_RUN_ID
+
+GRACE_SECONDS = 3.0          # between SIGTERM and SIGKILL at teardown
+
+
+
+def proc_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    except OSError:
+        return True
+
+
+def marked_pids(name: str, value: str) -> set[int]:
+    """Live processes whose environment holds name=value (e.g. LABKIT_RUN_ID=<run>)."""
+    needle = f"{name}={value}".encode()
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read().split(b"\0") and proc_alive(int(entry)):
+                    found.add(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def _signal_all(proc: subprocess.Popen, pids: set[int], sig: int) -> None:
+    for pgid in {proc.pid, *pids}:   # torchrun and each worker lead their own session
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def teardown(proc: subprocess.Popen, run_id: str, rank_pids: set[int]) -> None:
+    """SIGTERM everything of this run, SIGKILL what is left after a grace period, reap torchrun."""
+    pids = rank_pids | marked_pids(ENV_RUN_ID, run_id)
+    _signal_all(proc, pids, signal.SIGTERM)
+    deadline = time.monotonic() + GRACE_SECONDS
+    while time.monotonic() < deadline:
+        proc.poll()
+        if proc.returncode is not None and not any(proc_alive(p) for p in pids):
+            break
+        time.sleep(0.05)
+    for _ in range(3):
+        pids = {p for p in pids | marked_pids(ENV_RUN_ID, run_id) if proc_alive(p)}
+        if proc.poll() is None:
+            pids.add(proc.pid)
+        if not pids:
+            break
+        _signal_all(proc, pids, signal.SIGKILL)
+        time.sleep(0.1)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass

@@ -20,8 +20,8 @@ prediction with the ratio, and reported (`labkit.dist.report`).
 Precision policies (`--precision`, labkit's names):
 - "bf16-mixed" (default): bf16 weights and gradients for forward and backward; the optimizer
   keeps an fp32 master copy of the weights and fp32 moments (2 + 2 + 12 = 16 bytes per
-  parameter, as Megatron-LM and DeepSpeed do). torch has no such optimizer, so this lab writes
-  the 10 lines (`MasterWeights`).
+  parameter, as ZeRO counts it; Megatron-LM's bf16 default keeps fp32 gradients, 18 bytes).
+  torch has no such optimizer, so this lab writes the 10 lines (`MasterWeights`).
 - "fp32": everything in fp32 (4 + 4 + 8 = 16 bytes per parameter, the same total).
 - "bf16": everything in bf16, moments too (2 + 2 + 4 = 8); what torch.optim does for bf16 params.
 Activations are stored in the forward's dtype: bf16 for the bf16 policies, which is what the
@@ -85,7 +85,7 @@ def fused_dropout():
 
 
 class MasterWeights:
-    """Mixed precision the way Megatron-LM and DeepSpeed do it: the model computes in bf16; the
+    """Mixed precision as ZeRO counts it (2 + 2 + 12): the model computes in bf16; the
     optimizer updates an fp32 copy of every weight (the master weights) and copies it back.
 
     The fp32 gradient each master weight needs exists only inside `step()` (a temporary

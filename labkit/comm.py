@@ -73,8 +73,8 @@ def collective_time(op, nbytes, world_size, bandwidth, latency=0.0, algorithm="r
       all_to_all                  (n-1) alpha + (n-1)/n S/B     (pairwise exchange, full bisection)
       broadcast, reduce           (n-1) alpha + S/B             (pipelined chain, S >> chunk)
       send_recv                   alpha + S/B
-    tree (NCCL's double binary tree; Sanders, Speck and Traeff 2009; only for all_reduce,
-    broadcast, reduce, as in NCCL):
+    tree (two pipelined binary trees, Sanders, Speck and Traeff 2009; NCCL's "double binary
+    tree" uses them for all_reduce only, and runs broadcast and reduce as rings):
       all_reduce                  2 ceil(log2 n) alpha + 2 S/B  (reduce up, broadcast down, each
                                   rank sends S/2 per tree per phase over two trees)
       broadcast, reduce           ceil(log2 n) alpha + S/B

@@ -63,6 +63,15 @@ def test_table_row_format():
     assert "size" in lab.HEADER and "busbw" in lab.HEADER
 
 
+def test_count_column_is_nccl_tests_count_argument():
+    # nccl-tests prints the call's count: all_gather's per-rank input (sendcount) and
+    # reduce_scatter's per-rank output (recvcount), S / N elements; all_reduce's whole buffer
+    S = 2**28
+    assert lab.nccl_count("all_reduce", S, 4, 8) == 2**26
+    assert lab.nccl_count("all_gather", S, 4, 8) == 2**23
+    assert lab.nccl_count("reduce_scatter", S, 4, 8) == 2**23
+
+
 def test_bench_entry_is_discovered():
     from labkit.commands import bench
     from labkit import bench_collectives

@@ -13,7 +13,9 @@ alpha-beta model t = alpha + beta * S to each op, and save a plot.
 
 Conventions are nccl-tests' (github.com/NVIDIA/nccl-tests, doc/PERFORMANCE.md):
 - size S is the bytes of the whole buffer: the all_reduce tensor, the all_gather *output*, the
-  reduce_scatter *input*; count is S in elements.
+  reduce_scatter *input*; count is the elements of the call's count argument: S in elements
+  for all_reduce, S / N elements (one rank's input, or its output) for all_gather and
+  reduce_scatter (`nccl_count`).
 - time is the mean over `--iters` back-to-back calls, averaged over the ranks.
 - algbw = S / time; busbw = algbw times the op's ring factor (2(N-1)/N for all_reduce, (N-1)/N for
   all_gather and reduce_scatter), computed by `labkit.comm.bus_bandwidth`. busbw is what one link
@@ -74,6 +76,14 @@ def sweep_sizes(min_bytes: int, max_bytes: int, factor: float, world_size: int,
             sizes.append(q)
         s *= factor
     return sizes
+
+
+def nccl_count(op: str, nbytes: int, elem_size: int, world_size: int) -> int:
+    """The count column of nccl-tests for a buffer of S = `nbytes`: the count argument of the
+    call, i.e. S in elements for all_reduce, S / N in elements for all_gather (each rank's
+    input) and reduce_scatter (each rank's output)."""
+    count = nbytes // elem_size
+    return count // world_size if op in ("all_gather", "reduce_scatter") else count
 
 
 def fit_alpha_beta(sizes, times) -> dict:
@@ -276,7 +286,7 @@ def main(argv=None) -> None:
         dist.print0(f"#\n# {op}\n{HEADER}")
         for size in sizes:
             t, wrong, sent = measure(op, size, args.iters, args.warmup, ctx, dtype)
-            row = dict(op=op, size=size, count=size // elem, type=args.dtype,
+            row = dict(op=op, size=size, count=nccl_count(op, size, elem, n), type=args.dtype,
                        redop="none" if op == "all_gather" else "sum", time=t, algbw=size / t,
                        busbw=bus_bandwidth(op, size, t, n), wrong=wrong, sent=sent)
             sent_mine.append(sent)

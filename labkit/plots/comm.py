@@ -260,10 +260,11 @@ def crossover_bytes(op, world_size, bandwidth, latency, algorithm=None) -> float
 
 
 def time_vs_size_figure(op, world_size, bandwidth, latency, *, algorithm=None, mark=None,
-                        sizes=None, measured=None, title=None):
+                        mark_label="your message", sizes=None, measured=None, title=None):
     """Predicted time of `op` against message size (log-log), with the latency-bound region
     (left of the crossover, shaded) and the bandwidth-bound region. `mark` (bytes) puts a dot on
-    the curve; `measured` is {label: (sizes, seconds)} drawn as points on top."""
+    the curve, named `mark_label` in the legend; `measured` is {label: (sizes, seconds)} drawn
+    as points on top."""
     from labkit.comm import collective_time
 
     kw = {} if algorithm is None else {"algorithm": algorithm}
@@ -295,7 +296,7 @@ def time_vs_size_figure(op, world_size, bandwidth, latency, *, algorithm=None, m
     if mark is not None:
         tm = collective_time(op, nbytes=mark, world_size=world_size, bandwidth=bandwidth,
                              latency=latency, **kw)
-        ax.plot([mark], [tm], "o", color="#B00020", zorder=5, label="your message")
+        ax.plot([mark], [tm], "o", color="#B00020", zorder=5, label=mark_label)
     for i, (label, (xs, ys)) in enumerate((measured or {}).items()):
         ax.loglog(xs, ys, "x", ms=6, color=RANK_COLOURS[(i + 2) % len(RANK_COLOURS)],
                   label=label)
@@ -328,8 +329,10 @@ def bench_figure(rows, fits):
             lo, hi = min(xs), max(xs)
             grid = [lo * (hi / lo) ** (k / 60) for k in range(61)] if hi > lo else xs
             ax_t.loglog(grid, [a + b * x for x in grid], "-", color=colour, lw=1,
-                        label=f"fit α={a * 1e6:.0f} µs, 1/β={1 / b / 1e9:.2f} GB/s"
-                        if b > 0 else f"fit α={a * 1e6:.0f} µs")
+                        # the fitted line itself (intercept, slope), as the lab prints it; the
+                        # ring model's α per step and B per direction are a reading of it
+                        label=f"fit t = {a * 1e6:.0f} µs + S / {1 / b / 1e9:.2f} GB/s"
+                        if b > 0 else f"fit t = {a * 1e6:.0f} µs")
         ax_b.semilogx(xs, bb, "o-", color=colour, label=op)
     ax_t.set_xlabel("size S (bytes)")
     ax_t.set_ylabel("time per collective (s)")

@@ -10,6 +10,17 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 collect_ignore_glob = ["fixtures/*", "labs/*", "lab_server.py"]
 
+# CI runs property tests on fixed examples: a run that passes passes again (locally hypothesis
+# keeps exploring new examples, which is how bugs are found).
+try:
+    from hypothesis import settings as _hyp_settings
+
+    _hyp_settings.register_profile("ci", derandomize=True, print_blob=True)
+    if os.environ.get("CI"):
+        _hyp_settings.load_profile("ci")
+except ImportError:  # hypothesis is a dev extra
+    pass
+
 # Ranks started by tests share 2 cores: one thread each keeps them from fighting.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 

@@ -137,19 +137,20 @@ LINKS: dict[str, Link] = {
 }
 
 
+def _lookup(name: str, value, table: dict, cls):
+    """An entry of `table` from its key (any case) or the entry itself."""
+    if isinstance(value, cls):
+        return value
+    key = str(value).lower()
+    validate.choice(name, key, table)
+    return table[key]
+
+
 def get_gpu(gpu) -> GPU:
     """A GPU from its key in GPUS (e.g. "h100-sxm") or a GPU object."""
-    if isinstance(gpu, GPU):
-        return gpu
-    key = str(gpu).lower()
-    validate.choice("gpu", key, GPUS)
-    return GPUS[key]
+    return _lookup("gpu", gpu, GPUS, GPU)
 
 
 def get_link(link) -> Link:
     """A Link from its key in LINKS (e.g. "nvlink4") or a Link object."""
-    if isinstance(link, Link):
-        return link
-    key = str(link).lower()
-    validate.choice("link", key, LINKS)
-    return LINKS[key]
+    return _lookup("link", link, LINKS, Link)

@@ -75,3 +75,32 @@ def test_two_ranks_start_and_all_reduce():
     check = doctor.check_launch(nproc=2, timeout=120)
     assert check.status == "ok", check.detail
     assert check.data["seconds"] > 0 and check.data["backend"] == "gloo"
+
+
+def _fake_run_lab(results=None, error=None):
+    from types import SimpleNamespace
+
+    def run_lab(target, nproc, timeout, quiet):
+        assert target == "labkit.labs.hello" and quiet
+        if error:
+            raise error
+        return SimpleNamespace(results=results)
+    return run_lab
+
+
+def test_launch_check_fails_on_a_wrong_all_reduce(monkeypatch):
+    import labkit.launch
+    wrong = [{"all_reduce": 2.0, "backend": "gloo"}, {"all_reduce": 3.0, "backend": "gloo"}]
+    monkeypatch.setattr(labkit.launch, "run_lab", _fake_run_lab(wrong))
+    check = doctor.check_launch(nproc=2)
+    assert check.status == "fail"
+    assert "[2.0, 3.0]" in check.detail and "expected 3" in check.detail
+
+
+def test_launch_check_fails_when_the_lab_fails(monkeypatch):
+    import labkit.launch
+    err = labkit.launch.LabError("rank 1 raised RuntimeError: no route\ntraceback...", reason="exception")
+    monkeypatch.setattr(labkit.launch, "run_lab", _fake_run_lab(error=err))
+    check = doctor.check_launch(nproc=2)
+    assert check.status == "fail" and "rank 1 raised RuntimeError: no route" in check.detail
+    assert "labkit run hello -n 2" in check.fix

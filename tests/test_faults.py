@@ -83,6 +83,16 @@ def test_hanging_rank_is_stopped_at_the_timeout_and_named(mark):
     assert timeout <= elapsed < timeout + 15
 
 
+def test_a_rank_that_ignores_sigterm_is_killed(mark):
+    """A rank deaf to SIGTERM does not survive the lab. (Both torchrun's own shutdown and
+    labkit's teardown escalate to SIGKILL; with teardown disabled this test fails.)"""
+    with pytest.raises(LabError) as info:
+        run_lab(LABS / "hang_on_rank.py", nproc=2, args=["--rank", "1", "--ignore-sigterm"],
+                timeout=15, env={MARK: mark}, quiet=True)
+    assert info.value.reason == "timeout"
+    # the `mark` fixture asserts that no process of the run is left
+
+
 def test_interrupt_kills_every_rank(mark):
     code = ("import sys; from labkit.launch import run_lab; "
             f"run_lab({str(LABS / 'hang_on_rank.py')!r}, nproc=2, timeout=300, "

@@ -179,7 +179,9 @@ def run_lab(target, nproc: int | None = None, args=(), timeout: float | None = 3
     os.makedirs(results_dir)
 
     child_env = dict(os.environ)
-    child_env.setdefault("OMP_NUM_THREADS", "1")   # 2 cores shared by N ranks: no oversubscription
+    # One thread per rank: N ranks share the cores. torchrun does the same for N > 1 (with a
+    # warning); setting it here keeps that warning out of the output and covers N = 1 too.
+    child_env.setdefault("OMP_NUM_THREADS", "1")
     child_env.update({k: str(v) for k, v in (env or {}).items()})
     child_env.update({ENV_RUN_ID: run_id, ENV_RESULTS_DIR: results_dir,
                       "PYTHONUNBUFFERED": "1", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "5"})

@@ -72,7 +72,9 @@ def test_cli_run_hello():
 
 
 @multirank
-def test_torchrun_cell_magic():
+def test_torchrun_cell_magic(monkeypatch):
+    # Ranks get one thread each even when the caller set nothing (2 cores, N ranks).
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     from IPython.core.interactiveshell import InteractiveShell
     from traitlets.config import Config
 
@@ -80,9 +82,10 @@ def test_torchrun_cell_magic():
     config.HistoryManager.enabled = False
     shell = InteractiveShell.instance(config=config)
     shell.run_line_magic("load_ext", "labkit")
-    cell = "x = torch.tensor([float(rank)])\ndist.all_reduce(x)\nreport(total=x.item(), ws=world_size)\n"
+    cell = ("x = torch.tensor([float(rank)])\ndist.all_reduce(x)\n"
+            "report(total=x.item(), ws=world_size, threads=torch.get_num_threads())\n")
     result = shell.run_cell_magic("torchrun", "-n 2 --timeout 120 --quiet", cell)
-    assert result.results == [{"total": 1.0, "ws": 2}, {"total": 1.0, "ws": 2}]
+    assert result.results == [{"total": 1.0, "ws": 2, "threads": 1}] * 2
     assert shell.user_ns["_torchrun"] is result
     with pytest.raises(LabError) as info:
         shell.run_cell_magic("torchrun", "-n 2 --timeout 120 --quiet",

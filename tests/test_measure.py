@@ -136,3 +136,9 @@ def test_fsdp2_local_parameter_bytes_are_full_over_n(measured):
         # one step with reshard-after-forward: all-gather forward and backward, one reduce-scatter
         assert r["fsdp_by_kind"]["all_gather"][1] == 2 * full
         assert r["fsdp_by_kind"]["reduce_scatter"][1] == full
+
+
+@pytest.mark.multirank
+def test_functional_all_gather_counts_the_gathered_bytes(measured):
+    for r in measured:   # 8 fp32 values from each of N ranks: 32 * N bytes gathered
+        assert r["funcol_by_kind"]["all_gather"] == [1, 32 * r["world_size"]]

@@ -3,9 +3,10 @@
     torchrun --nproc-per-node 4 tests/labs/measure_lab.py
 
 Reports (per rank): ddp_grad_bytes, ddp_all_reduce (count, bytes); fsdp_full_param_bytes,
-fsdp_local_param_bytes, fsdp_by_kind; world_size.
+fsdp_local_param_bytes, fsdp_by_kind; funcol_by_kind; world_size.
 """
 import torch
+import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -55,6 +56,12 @@ train_step(model, opt, x)
 with measure.CollectiveCounter() as comm:
     train_step(model, opt, x)
 local = measure.state_bytes(model, opt)
+# Functional collectives (what DTensor/TP issue) name the group size instead of an output buffer.
+with measure.CollectiveCounter() as fc:
+    gathered = funcol.all_gather_tensor(torch.ones(8), 0, torch.distributed.group.WORLD)
+    gathered = funcol.wait_tensor(gathered)
+assert gathered.numel() == 8 * ctx.world_size
+dist.report(funcol_by_kind=fc.by_kind)
 dist.report(fsdp_full_param_bytes=full, fsdp_local_param_bytes=local.params,
             fsdp_local_grad_bytes=local.grads, fsdp_local_optimizer_bytes=local.optimizer_states,
             fsdp_by_kind=comm.by_kind)

@@ -56,7 +56,7 @@ bench: setup
 	$(PY) -m labkit bench all
 
 exercises: setup
-	$(PY) -m labkit.exercises
+	$(PY) -m labkit.course.exercises
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

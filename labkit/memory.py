@@ -15,7 +15,7 @@ Models", §4 and Table 2): bytes stored for the backward pass per transformer la
 MLP). With precision="fp32" the forward stores fp32 values: `estimate_memory` counts 4 bytes for
 each value the paper counts at 2 (the masks stay 1 byte). labkit applies the same formula to
 Llama-style layers (grouped-query attention, gated MLP); there it is an approximation, and
-`labkit.measure` reports what a real run holds.
+`labkit.runtime.measure` reports what a real run holds.
 
 Everything here is pure Python (no torch import); results are bytes per GPU.
 """

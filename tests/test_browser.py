@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from lab_server import serving
 
-from labkit.course import lab_command
+from labkit.cli.course import lab_command
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

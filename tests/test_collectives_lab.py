@@ -73,8 +73,8 @@ def test_count_column_is_nccl_tests_count_argument():
 
 
 def test_bench_entry_is_discovered():
-    from labkit.commands import bench
-    from labkit import bench_collectives
+    from labkit.cli import bench
+    from labkit.cli import bench_collectives
     assert bench.benchmarks()["collectives"] is bench_collectives.main
     assert "labkit bench collectives" in bench_collectives.__doc__
 
@@ -84,7 +84,7 @@ def test_bench_entry_is_discovered():
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
-    from labkit.launch import run_lab
+    from labkit.runtime.launch import run_lab
     plot = tmp_path_factory.mktemp("bench") / "coll.png"
     return run_lab("labkit.labs.collectives", nproc=N, timeout=180, quiet=True,
                    args=["--sizes", "4K,1M,2M", "-n", "2", "-w", "1", "--plot", str(plot)])
@@ -125,7 +125,7 @@ def test_sweep_bytes_sent_by_gloo(sweep):
 
 @pytest.fixture(scope="module")
 def semantics():
-    from labkit.launch import run_lab
+    from labkit.runtime.launch import run_lab
     return run_lab("labkit.labs.semantics", nproc=N, timeout=120, quiet=True)
 
 

@@ -9,7 +9,8 @@ import urllib.request
 import pytest
 from lab_server import serving
 
-from labkit.course import lab_command, repo_root
+from labkit.cli.course import lab_command
+from labkit.course.outline import repo_root
 
 pytestmark = pytest.mark.server
 TOKEN = "labkit-test-token"

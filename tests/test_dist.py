@@ -1,4 +1,4 @@
-"""labkit.dist inside a rank: reporting records, conversions, backend choice, one-process labs."""
+"""labkit.runtime.dist inside a rank: reporting records, conversions, backend choice, one-process labs."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from labkit import dist
+from labkit.runtime import dist
 
 
 @pytest.fixture
@@ -85,7 +85,7 @@ def test_setup_rejects_unknown_backend():
 
 
 def test_backend_override_by_environment(monkeypatch):
-    from labkit import system
+    from labkit.runtime import system
 
     monkeypatch.setenv("LABKIT_BACKEND", "gloo")
     assert system.default_backend(8) == "gloo"

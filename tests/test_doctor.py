@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from labkit import doctor
-from labkit.commands import doctor as doctor_cmd
+from labkit.course import doctor
+from labkit.cli import doctor as doctor_cmd
 
 EXPECTED = ["python", "torch", "gpus", "gpu topology", "gloo", "nccl", "cpu cores", "ram",
             "lab defaults", "jupyterlab", "ipywidgets", "widgets extension", "free port"]
@@ -89,18 +89,18 @@ def _fake_run_lab(results=None, error=None):
 
 
 def test_launch_check_fails_on_a_wrong_all_reduce(monkeypatch):
-    import labkit.launch
+    import labkit.runtime.launch
     wrong = [{"all_reduce": 2.0, "backend": "gloo"}, {"all_reduce": 3.0, "backend": "gloo"}]
-    monkeypatch.setattr(labkit.launch, "run_lab", _fake_run_lab(wrong))
+    monkeypatch.setattr(labkit.runtime.launch, "run_lab", _fake_run_lab(wrong))
     check = doctor.check_launch(nproc=2)
     assert check.status == "fail"
     assert "[2.0, 3.0]" in check.detail and "expected 3" in check.detail
 
 
 def test_launch_check_fails_when_the_lab_fails(monkeypatch):
-    import labkit.launch
-    err = labkit.launch.LabError("rank 1 raised RuntimeError: no route\ntraceback...", reason="exception")
-    monkeypatch.setattr(labkit.launch, "run_lab", _fake_run_lab(error=err))
+    import labkit.runtime.launch
+    err = labkit.runtime.launch.LabError("rank 1 raised RuntimeError: no route\ntraceback...", reason="exception")
+    monkeypatch.setattr(labkit.runtime.launch, "run_lab", _fake_run_lab(error=err))
     check = doctor.check_launch(nproc=2)
     assert check.status == "fail" and "rank 1 raised RuntimeError: no route" in check.detail
     assert "labkit run hello -n 2" in check.fix

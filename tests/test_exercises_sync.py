@@ -1,4 +1,4 @@
-"""exercises/ is generated from solutions/ (labkit.exercises): stubs, no leaks, determinism, sync.
+"""exercises/ is generated from solutions/ (labkit.course.exercises): stubs, no leaks, determinism, sync.
 
 Runs on the fixture under tests/fixtures/ and on every real solutions/*.ipynb (none yet: those
 parameters are skipped as an empty set)."""
@@ -10,7 +10,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from labkit import exercises as ex
+from labkit.course import exercises as ex
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FIX_SOL = FIXTURES / "solutions"
@@ -164,7 +164,7 @@ def test_generate_is_deterministic_and_does_not_rewrite(tmp_path):
 
 def test_check_sync_reports_stale_missing_orphan_and_leaks(tmp_path):
     out = tmp_path / "exercises"
-    assert ex.check_sync(FIX_SOL, out)[0].endswith("is missing; run `python -m labkit.exercises`")
+    assert ex.check_sync(FIX_SOL, out)[0].endswith("is missing; run `python -m labkit.course.exercises`")
     ex.generate(FIX_SOL, out)
     target = out / FIXTURE.name
     nb = ex.read_notebook(target)
@@ -189,9 +189,9 @@ def test_committed_fixture_exercises_are_in_sync():
 @pytest.mark.parametrize("solution", REAL, ids=[p.name for p in REAL])
 def test_real_exercises_in_sync(solution):
     target = ex.REPO_ROOT / "exercises" / solution.name
-    assert target.exists(), f"{target} is missing; run `python -m labkit.exercises`"
+    assert target.exists(), f"{target} is missing; run `python -m labkit.course.exercises`"
     assert target.read_text(encoding="utf-8") == ex.render_path(solution), (
-        f"{target} is out of date with {solution}; run `python -m labkit.exercises`")
+        f"{target} is out of date with {solution}; run `python -m labkit.course.exercises`")
     assert ex.leaked_lines(ex.read_notebook(solution), ex.read_notebook(target)) == []
 
 

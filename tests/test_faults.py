@@ -16,31 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from labkit.launch import LabError, run_lab
+from labkit.runtime.launch import LabError, run_lab
+from proctools import MARK, processes_marked
 
 LABS = Path(__file__).parent / "labs"
-MARK = "LABKIT_TEST_MARK"
 
 pytestmark = pytest.mark.multirank
-
-
-def processes_marked(value: str) -> list[int]:
-    """Live (non-zombie) processes whose environment contains LABKIT_TEST_MARK=value."""
-    needle = f"{MARK}={value}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if needle in env and state not in (b"Z", b"X"):
-            found.append(int(entry))
-    return found
 
 
 @pytest.fixture
@@ -61,7 +42,7 @@ def test_raising_rank_names_rank_type_message_and_traceback(mark):
     text = str(err)
     assert text.startswith("lab ") and "rank 1 raised ValueError: boom on rank 1" in text
     assert "Traceback of rank 1" in text and "raise_on_rank.py" in err.traceback
-    assert "_bootstrap" not in err.traceback          # the launcher's frames are trimmed
+    assert "runtime/bootstrap.py" not in err.traceback and "runpy" not in err.traceback  # launcher frames trimmed
     # the other rank was torn down promptly, not after a collective timeout
     assert err.result.ranks[0].exit_code not in (0, None)
     assert time.monotonic() - t < 60
@@ -94,7 +75,7 @@ def test_a_rank_that_ignores_sigterm_is_killed(mark):
 
 
 def test_interrupt_kills_every_rank(mark):
-    code = ("import sys; from labkit.launch import run_lab; "
+    code = ("import sys; from labkit.runtime.launch import run_lab; "
             f"run_lab({str(LABS / 'hang_on_rank.py')!r}, nproc=2, timeout=300, "
             f"env={{{MARK!r}: {mark!r}}})")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,

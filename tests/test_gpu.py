@@ -9,7 +9,7 @@ pytestmark = pytest.mark.gpu
 
 
 def test_doctor_sees_the_gpus_and_nccl():
-    from labkit import doctor
+    from labkit.course import doctor
 
     report = doctor.run_checks(launch=False)
     assert report["gpus"].status == "ok"
@@ -19,7 +19,7 @@ def test_doctor_sees_the_gpus_and_nccl():
 
 
 def test_hello_lab_all_reduces_over_nccl():
-    from labkit.launch import run_lab
+    from labkit.runtime.launch import run_lab
 
     n = torch.cuda.device_count()
     result = run_lab("labkit.labs.hello", nproc=n, timeout=180, quiet=True)
@@ -32,7 +32,7 @@ def test_hello_lab_all_reduces_over_nccl():
 def test_memory_lab_on_cuda_matches_the_model(precision):
     """Model states exact; peak CUDA memory at least what the model predicts it must hold
     (states + saved activations), and printed beside it with the ratio."""
-    from labkit.launch import run_lab
+    from labkit.runtime.launch import run_lab
 
     r = run_lab("labkit.labs.memory", nproc=1, args=["--precision", precision], timeout=300,
                 quiet=True).results[0]

@@ -1,4 +1,4 @@
-"""labkit.grading messages, and `labkit grade`: it discriminates right from wrong answers and only
+"""labkit.course.grading messages, and `labkit grade`: it discriminates right from wrong answers and only
 trusts the source of the learner's exercise cells (DESIGN "Grading").
 
 Each learner variant of the fixture is executed once (a kernel each, ~1-3 s) and shared through a
@@ -13,9 +13,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from labkit import cli, grader, grading
-from labkit import exercises as ex
-from labkit.grading import GradingError
+from labkit import cli
+from labkit.course import grader, grading
+from labkit.course import exercises as ex
+from labkit.course.grading import GradingError
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SOLUTION = FIXTURES / "solutions" / "99_grading_fixture.ipynb"
@@ -23,7 +24,7 @@ EXERCISE = FIXTURES / "exercises" / "99_grading_fixture.ipynb"
 REAL = sorted((ex.REPO_ROOT / "solutions").glob("*.ipynb"))
 
 
-# ================================================================= labkit.grading (no kernel)
+# ================================================================= labkit.course.grading (no kernel)
 
 def _message(fn, *args, **kwargs) -> str:
     with pytest.raises(GradingError) as info:
@@ -124,7 +125,7 @@ def test_check_and_format_value():
 def test_grading_does_not_import_torch():
     import subprocess
 
-    code = "import sys, labkit.grading; print('torch' in sys.modules)"
+    code = "import sys, labkit.course.grading; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -340,7 +341,7 @@ def test_kernel_is_this_interpreter(tmp_path):
     printed = nb.cells[0].outputs[0]["text"].split("\n")
     assert printed[0] == sys.executable
     assert Path(printed[1]) == tmp_path
-    assert Path(printed[2]) == Path(grader.__file__).with_name("__init__.py")
+    assert Path(printed[2]) == Path(grader.__file__).parents[1] / "__init__.py"
 
 
 @pytest.mark.notebook

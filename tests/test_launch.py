@@ -1,4 +1,4 @@
-"""labkit.launch: results and timings come back, output streams live with a rank prefix, the
+"""labkit.runtime.launch: results and timings come back, output streams live with a rank prefix, the
 CLI, the %%torchrun magic and argument checks."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit.launch import LabError, resolve_target, run_lab
+from labkit.runtime.launch import LabError, resolve_target, run_lab
 
 LABS = Path(__file__).parent / "labs"
 multirank = pytest.mark.multirank
@@ -114,7 +114,7 @@ def test_targets_resolve():
 
 
 def test_bench_registry_discovers_and_registers(capsys):
-    from labkit.commands import bench
+    from labkit.cli import bench
 
     assert "launcher" in bench.benchmarks()
     calls = []
@@ -130,13 +130,13 @@ def test_bench_registry_discovers_and_registers(capsys):
 
 
 def test_import_labkit_stays_light():
-    code = "import sys, labkit, labkit.launch; print('torch' in sys.modules)"
+    code = "import sys, labkit, labkit.runtime.launch; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
 
 def test_lines_torchrun_did_not_forward_are_read_from_the_rank_logs(tmp_path, capsys):
-    from labkit.launch import _Printer
+    from labkit.runtime.launch import _Printer
 
     rank_dir = tmp_path / "run_x" / "attempt_0" / "1"
     rank_dir.mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""labkit.measure: exact bytes of model states, saved activations and collectives.
+"""labkit.runtime.measure: exact bytes of model states, saved activations and collectives.
 
 In-process tests need no process group (or a one-rank one); one 4-rank launch measures DDP and
 FSDP2 (tests/labs/measure_lab.py) and the multirank tests read its reports.
@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from labkit import measure
+from labkit.runtime import measure
 
 LABS = Path(__file__).parent / "labs"
 
@@ -113,7 +113,7 @@ def test_peak_memory_is_none_on_cpu():
 
 @pytest.fixture(scope="module")
 def measured():
-    from labkit.launch import run_lab
+    from labkit.runtime.launch import run_lab
     return run_lab(LABS / "measure_lab.py", nproc=4, timeout=180, quiet=True).results
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from labkit.launch import run_lab
+from labkit.runtime.launch import run_lab
 from labkit.memory import bytes_per_param
 
 
@@ -69,7 +69,7 @@ def test_master_weights_update_an_fp32_copy():
 def test_fused_dropout_saves_a_one_byte_mask():
     torch = pytest.importorskip("torch")
     from labkit.labs.memory import fused_dropout
-    from labkit.measure import SavedActivations
+    from labkit.runtime.measure import SavedActivations
 
     x = torch.randn(64, 64, dtype=torch.bfloat16, requires_grad=True)
     with SavedActivations() as composite:

@@ -9,7 +9,7 @@ import pytest
 from labkit.models import PRESETS, ModelSpec, get_model
 
 COST_MODULES = "labkit.models, labkit.hardware, labkit.memory, labkit.flops, labkit.comm, " \
-               "labkit.pipeline, labkit.commands.mem"
+               "labkit.pipeline, labkit.cli.mem"
 
 
 def meta_count(config) -> int:

@@ -96,12 +96,12 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_readme_course_map_matches_labkit():
-    from labkit.course import MODULES
+    from labkit.course.outline import MODULES
 
     readme = (ROOT / "README.md").read_text()
     for m in MODULES:
         assert re.search(rf"\|\s*{m.number}\s*\|.*{re.escape(m.outcome)}", readme), \
-            f"README's course map lacks module {m.number} as labkit.course describes it"
+            f"README's course map lacks module {m.number} as labkit.course.outline describes it"
 
 
 def test_cli_rejects_unknown_command_with_the_allowed_list():
@@ -111,7 +111,7 @@ def test_cli_rejects_unknown_command_with_the_allowed_list():
 
 
 def test_importing_labkit_does_not_import_torch():
-    code = "import labkit, labkit.cli, labkit.course, labkit.validate, sys; print('torch' in sys.modules)"
+    code = "import labkit, labkit.cli, labkit.course.outline, labkit.validate, sys; print('torch' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "False"
 

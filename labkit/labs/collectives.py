@@ -27,7 +27,7 @@ On gloo the table adds the bytes this rank actually wrote to its sockets (the `w
 gloo's reduce_scatter is an all_reduce underneath, so it sends 2(N-1)/N * S too.
 
 Fit: weighted least squares with weights 1/t (each point counts by its relative error, so the
-small sizes fix alpha and the large ones beta). Rank 0 reports rows and fits (labkit.dist.report).
+small sizes fix alpha and the large ones beta). Rank 0 reports rows and fits (labkit.runtime.dist.report).
 """
 from __future__ import annotations
 
@@ -266,7 +266,7 @@ def main(argv=None) -> None:
         p.error(str(exc))
 
     import torch
-    from labkit import dist
+    from labkit.runtime import dist
     from labkit.comm import bus_bandwidth
 
     ctx = dist.setup()

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as tdist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from labkit import dist
+from labkit.runtime import dist
 
 
 @record

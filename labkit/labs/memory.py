@@ -8,14 +8,14 @@
 From a notebook: `run_lab("labkit.labs.memory", nproc=1, args=["--precision", "fp32"])`.
 
 What it measures on each rank, after the last step (exact, by deduplicated storage; PROBES.md):
-- weights, gradients and optimizer states (`labkit.measure.state_bytes`); AdamW's 4-byte `step`
+- weights, gradients and optimizer states (`labkit.runtime.measure.state_bytes`); AdamW's 4-byte `step`
   tensor per parameter tensor is reported apart (`optimizer_steps`): labkit's formula leaves it
   out (it is a few hundred bytes, not a per-parameter cost);
-- bytes saved for backward during the forward pass (`labkit.measure.SavedActivations`);
+- bytes saved for backward during the forward pass (`labkit.runtime.measure.SavedActivations`);
 - peak CUDA memory when the rank has a GPU.
 What it predicts: `labkit.memory.estimate_memory` for the same shape, batch, precision and
 AdamW, built from the exact parameter count. Each measured figure is printed beside its
-prediction with the ratio, and reported (`labkit.dist.report`).
+prediction with the ratio, and reported (`labkit.runtime.dist.report`).
 
 Precision policies (`--precision`, labkit's names):
 - "bf16-mixed" (default): bf16 weights and gradients for forward and backward; the optimizer
@@ -56,7 +56,7 @@ import torch
 import torch.distributed as tdist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from labkit import dist, measure
+from labkit.runtime import dist, measure
 from labkit.memory import PRECISIONS, RECOMPUTE, estimate_memory
 from labkit.models import get_model
 

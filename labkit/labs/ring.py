@@ -157,9 +157,9 @@ def run_user_collective(fn, op: str = "all_reduce", nproc: int = 4,
                         quiet: bool = True) -> CollectiveCheck:
     """Run `fn` (defined in a notebook cell or a module) on `nproc` ranks as the `op` it
     implements, against torch's collective: see the module docstring. Raises ValueError for a
-    stub or a function whose source cannot be found, and labkit.launch.LabError (naming the rank
+    stub or a function whose source cannot be found, and labkit.runtime.launch.LabError (naming the rank
     and its exception) when a rank fails or the run passes `timeout` seconds."""
-    from labkit.launch import LabError, run_lab
+    from labkit.runtime.launch import LabError, run_lab
     from labkit.validate import choice, positive_int
 
     choice("op", op, OPS)
@@ -271,7 +271,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
 
     import torch.distributed as tdist
-    from labkit import dist
+    from labkit.runtime import dist
     from labkit.comm import bytes_sent_per_rank
     from labkit.labs.collectives import bytes_written, parse_size
 

@@ -11,7 +11,7 @@ held before and after each.
 Rank r's input holds N numbers 10*r + c, c = 0..N-1 (so "23" reads "from rank 2, chunk 3"):
 element c is chunk c where an op works on chunks (reduce_scatter, all_to_all). The root of
 broadcast and reduce is rank 0; send/recv sends rank 0's tensor to rank 1. Each rank reports
-{op: {"before": [...], "after": [...]}} (labkit.dist.report), and rank 0 prints a table.
+{op: {"before": [...], "after": [...]}} (labkit.runtime.dist.report), and rank 0 prints a table.
 """
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def main(argv=None) -> None:
         if o not in OPS:
             parser.error(f"--ops: {o!r} is not supported; allowed: {', '.join(OPS)}")
 
-    from labkit import dist
+    from labkit.runtime import dist
     import torch.distributed as tdist
 
     ctx = dist.setup()

@@ -1,6 +1,9 @@
 """Figures for the course (layer 2: views). Each plot function returns a matplotlib Figure built
 with the object API (no pyplot state), so it works the same in a notebook, a widget and a test.
-`png_bytes(fig)` renders one for an `ipywidgets.Image`."""
+`png_bytes(fig)` renders one for an `ipywidgets.Image`.
+
+May import: layer 1 (cost models) and matplotlib. Never runtime/, parallel/, labs/, course/, cli/.
+"""
 from __future__ import annotations
 
 import io

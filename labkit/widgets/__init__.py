@@ -1,7 +1,11 @@
 """Calculators (layer 2: views). A calculator is a thin view over the pure cost models: it holds
 no formula of its own, keeps its results in widget traits (`HTML.value`, `Image.value`, never
 printed into an Output), shows bad input as a message in the widget (never a traceback), and can
-be driven from a test by setting its controls' `.value`."""
+be driven from a test by setting its controls' `.value`.
+
+May import: layer 1 (cost models), plots/ and ipywidgets. Never runtime/, parallel/, labs/,
+course/, cli/.
+"""
 from __future__ import annotations
 
 import html

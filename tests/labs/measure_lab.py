@@ -11,7 +11,7 @@ import torch.nn as nn
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from labkit import dist, measure
+from labkit.runtime import dist, measure
 
 DIMS = [32, 64, 48, 16]     # every dim divides by 1, 2, 4, 8, 16: FSDP shards are exact
 

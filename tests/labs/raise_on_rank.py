@@ -7,7 +7,7 @@ import argparse
 import torch
 import torch.distributed as tdist
 
-from labkit import dist
+from labkit.runtime import dist
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--rank", type=int, default=1)

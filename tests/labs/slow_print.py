@@ -5,7 +5,7 @@
 import argparse
 import time
 
-from labkit import dist
+from labkit.runtime import dist
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--sleep", type=float, default=2.0)

@@ -13,7 +13,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from labkit.doctor import run_checks
+    from labkit.course.doctor import run_checks
 
     if args.nproc < 2:
         print(f"labkit doctor: --nproc={args.nproc} is too small; a collective needs at least 2 ranks")

@@ -33,7 +33,7 @@ def _direct(nproc: int) -> float:
 
 
 def _via_run_lab(nproc: int) -> float:
-    from labkit.launch import run_lab
+    from labkit.runtime.launch import run_lab
     t = time.monotonic()
     result = run_lab(LAB, nproc=nproc, timeout=120, quiet=True)
     elapsed = time.monotonic() - t

@@ -1,9 +1,27 @@
 """`labkit course`: JupyterLab on the course, bound to 127.0.0.1 with a token (what `make lab` runs)."""
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 
-from labkit.course import lab_command, repo_root
+from labkit.course.outline import repo_root
+
+
+def lab_command(port: int | None = None, token: str | None = None, open_browser: bool = True,
+                notebook: str = "notebooks/00_welcome.ipynb") -> list[str]:
+    """The JupyterLab command `make lab` runs: bound to 127.0.0.1 (never to the network), token
+    authentication on, serving the checkout, opening the welcome notebook."""
+    root = repo_root()
+    cmd = [sys.executable, "-m", "jupyterlab", notebook,
+           f"--ServerApp.root_dir={root}", "--ServerApp.ip=127.0.0.1",
+           f"--ServerApp.port={port if port is not None else 8888}",
+           f"--ServerApp.open_browser={bool(open_browser)}"]
+    if token is not None:
+        cmd.append(f"--IdentityProvider.token={token}")
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-root")  # cloud images often run as root; Jupyter refuses otherwise
+    return cmd
 
 
 def add_arguments(parser) -> None:

@@ -1,11 +1,8 @@
-"""The course map (one source for the README, the welcome notebook and `labkit course`) and the
-JupyterLab command that serves it."""
+"""The course map: one source for the README, the welcome notebook and `labkit course`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-import os
 from pathlib import Path
-import sys
 
 
 @dataclass(frozen=True)
@@ -33,7 +30,7 @@ MODULES = (
 
 def repo_root() -> Path:
     """The checkout that holds notebooks/ (labkit is installed editable from it)."""
-    return Path(__file__).resolve().parent.parent
+    return Path(__file__).resolve().parents[2]
 
 
 def notebook_path(module: Module, root: Path | None = None) -> Path:
@@ -56,19 +53,3 @@ def markdown_table(root: Path | None = None) -> str:
 
 def total_minutes() -> int:
     return sum(m.minutes for m in MODULES)
-
-
-def lab_command(port: int | None = None, token: str | None = None, open_browser: bool = True,
-                notebook: str = "notebooks/00_welcome.ipynb") -> list[str]:
-    """The JupyterLab command `make lab` runs: bound to 127.0.0.1 (never to the network), token
-    authentication on, serving the checkout, opening the welcome notebook."""
-    root = repo_root()
-    cmd = [sys.executable, "-m", "jupyterlab", notebook,
-           f"--ServerApp.root_dir={root}", "--ServerApp.ip=127.0.0.1",
-           f"--ServerApp.port={port if port is not None else 8888}",
-           f"--ServerApp.open_browser={bool(open_browser)}"]
-    if token is not None:
-        cmd.append(f"--IdentityProvider.token={token}")
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        cmd.append("--allow-root")  # cloud images often run as root; Jupyter refuses otherwise
-    return cmd

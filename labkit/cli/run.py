@@ -58,7 +58,7 @@ def _split(args) -> list[str]:
 
 
 def run(args) -> int:
-    from labkit.launch import LabError, run_lab
+    from labkit.runtime.launch import LabError, run_lab
 
     lab_args = _split(args)
     rdzv_id = args.rdzv_id

@@ -1,15 +1,15 @@
 """Run a lab under torchrun from a notebook or the shell, and say clearly how it ended.
 
-    from labkit.launch import run_lab, LabError
+    from labkit import run_lab, LabError
     result = run_lab("labkit.labs.hello", nproc=4, timeout=120)
-    result.results[1]["all_reduce"]      # what rank 1 passed to labkit.dist.report()
+    result.results[1]["all_reduce"]      # what rank 1 passed to labkit.runtime.dist.report()
     result.ranks[1].exit_code, result.ranks[1].wall_time, result.wall_time
 
 How, and why so:
 - `python -m torch.distributed.run` (a bare `torchrun` may not be on a kernel's PATH) with a c10d
   rendezvous on 127.0.0.1:0: the OS picks the port, so two labs can run at once (a fixed
   --master-port collides, and --master-port 0 hangs).
-- Each rank runs `labkit._bootstrap`, which records start/exit/error to a per-run directory
+- Each rank runs `labkit.runtime.bootstrap`, which records start/exit/error to a per-run directory
   (LABKIT_RESULTS_DIR) and writes torch elastic's error file, so every failure comes back with
   its rank, exception and traceback.
 - torchrun tees each rank's output with a "[default<local rank>]:" prefix; this process reads
@@ -18,6 +18,8 @@ How, and why so:
 - torchrun runs in a session of its own and its workers each in theirs, so a timeout, a failure,
   or KeyboardInterrupt (the notebook's stop button) ends with SIGTERM then SIGKILL to torchrun's
   group, each rank's group, and any process carrying this run's LABKIT_RUN_ID.
+- If this process dies instead (a kernel restart, shutdown or kill -9), torchrun and the ranks
+  die with it: `labkit.runtime.guard` links them to it.
 """
 from __future__ import annotations
 
@@ -36,17 +38,18 @@ import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from labkit import system
-from labkit.dist import ENV_COLLECTIVE_TIMEOUT, ENV_RESULTS_DIR, ENV_RUN_ID
-from labkit.postmortem import (dump_stacks, elastic_errors, exit_codes_from_summary, first_record,
+from labkit.runtime import guard, system
+from labkit.runtime.dist import ENV_COLLECTIVE_TIMEOUT, ENV_RESULTS_DIR, ENV_RUN_ID
+from labkit.runtime.postmortem import (dump_stacks, elastic_errors, exit_codes_from_summary, first_record,
                                hang_diagnosis, is_plumbing, main_thread_frames, ranks_text,
                                read_records, short_path)
-from labkit.teardown import proc_alive, teardown
+from labkit.runtime.teardown import proc_alive, teardown
 from labkit.validate import positive, positive_int
 
 # Under the launcher a collective waits this much longer than the launcher's own timeout, so a
 # hang is reported by the launcher (which can say who never joined) rather than by a rank.
 COLLECTIVE_TIMEOUT_MARGIN = 30.0
+LABS_PACKAGE = "labkit.labs"
 
 _PREFIX = re.compile(r"^\[[A-Za-z_]*?(\d+)\]:(.*)$")
 _TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")
@@ -108,8 +111,10 @@ class LabError(RuntimeError):
 # targets
 
 def available_labs() -> list[str]:
-    import labkit.labs
-    return sorted(m.name for m in pkgutil.iter_modules(labkit.labs.__path__)
+    """Short names of the labs in labkit.labs. Found by location, not imported: the launcher
+    starts labs by name in other processes and never runs their code itself."""
+    spec = importlib.util.find_spec(LABS_PACKAGE)
+    return sorted(m.name for m in pkgutil.iter_modules(spec.submodule_search_locations or [])
                   if not m.name.startswith("_"))
 
 
@@ -122,7 +127,7 @@ def resolve_target(target) -> str:
             raise ValueError(f"target={text!r}: no such script")
         return path
     if "." not in text and text in available_labs():
-        return f"labkit.labs.{text}"
+        return f"{LABS_PACKAGE}.{text}"
     try:
         found = importlib.util.find_spec(text) is not None
     except (ImportError, ValueError):
@@ -146,7 +151,7 @@ def _torchrun_command(target: str, nproc: int, args, log_dir: str, run_id: str, 
            "--log-dir", log_dir, "--tee", "3"]
     if node_rank is not None:
         cmd += ["--node-rank", str(node_rank)]
-    return cmd + ["-m", "labkit._bootstrap", target, *[str(a) for a in args]]
+    return cmd + ["-m", "labkit.runtime.bootstrap", target, *[str(a) for a in args]]
 
 
 def run_lab(target, nproc: int | None = None, args=(), timeout: float | None = 300,
@@ -190,6 +195,11 @@ def run_lab(target, nproc: int | None = None, args=(), timeout: float | None = 3
 
     cmd = _torchrun_command(target, nproc, args, log_dir, run_id, nnodes, node_rank,
                             rdzv_endpoint, rdzv_id)
+    if guard.enabled(child_env):
+        # torchrun and the ranks die with this process (a kernel restart, shutdown or kill -9
+        # would otherwise leave them running): see labkit.runtime.guard.
+        child_env.update(guard.launcher_env())
+        cmd = guard.guarded_command(cmd)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env,
                             start_new_session=True, stdin=subprocess.DEVNULL)
     printer = _Printer(quiet, verbose, _rank_labeller(nnodes, results_dir))

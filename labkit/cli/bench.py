@@ -2,8 +2,8 @@
 
 A benchmark is a function `main(argv: list[str]) -> int` that prints its figures. It is found
 in one of two ways, both without editing this file:
-- a module `labkit/bench_<name>.py` defining `main(argv)` (its docstring's first line is the
-  help), e.g. labkit/bench_launcher.py is `labkit bench launcher`;
+- a module `labkit/cli/bench_<name>.py` defining `main(argv)` (its docstring's first line is
+  the help), e.g. labkit/cli/bench_launcher.py is `labkit bench launcher`;
 - `register(name, func, help)` from code that runs before the command.
 `labkit bench all` runs every benchmark in name order and fails if any fails.
 """
@@ -24,11 +24,11 @@ def register(name: str, func: Callable[[list[str]], int], help: str = "") -> Non
 
 
 def _discover() -> dict[str, tuple[Callable[[list[str]], int] | str, str]]:
-    import labkit
+    import labkit.cli
     found: dict = {}
-    for mod in pkgutil.iter_modules(labkit.__path__):
+    for mod in pkgutil.iter_modules(labkit.cli.__path__):
         if mod.name.startswith("bench_"):
-            found[mod.name[len("bench_"):]] = (f"labkit.{mod.name}", "")
+            found[mod.name[len("bench_"):]] = (f"labkit.cli.{mod.name}", "")
     found.update(_REGISTRY)
     return dict(sorted(found.items()))
 

@@ -2,13 +2,13 @@
 
 A lab program reads like this::
 
-    from labkit import dist
+    from labkit.runtime import dist
     ctx = dist.setup()                 # backend, device, seed, collective timeout
     ...                                # the lab, using torch.distributed as usual
     dist.report(loss=loss.item())      # goes to result.results[rank] in the notebook
     dist.shutdown()                    # barrier, flush, exit (see `shutdown` for why)
 
-It works the same under `labkit.launch.run_lab`, under a plain `torchrun`, across nodes (the usual
+It works the same under `labkit.runtime.launch.run_lab`, under a plain `torchrun`, across nodes (the usual
 torchrun variables RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT) and as a
 single process (`python -m labkit.labs.hello`: world size 1).
 
@@ -30,9 +30,9 @@ import time
 import traceback as _traceback
 from dataclasses import dataclass
 
-from labkit import system
+from labkit.runtime import system
 
-# Environment variables shared with labkit.launch (the launcher sets them for every rank).
+# Environment variables shared with labkit.runtime.launch (the launcher sets them for every rank).
 ENV_RUN_ID = "LABKIT_RUN_ID"                    # marks every process of one run (teardown, tests)
 ENV_RESULTS_DIR = "LABKIT_RESULTS_DIR"          # where ranks write their JSON-lines records
 ENV_COLLECTIVE_TIMEOUT = "LABKIT_COLLECTIVE_TIMEOUT"  # seconds; the launcher sets it above its own
@@ -95,7 +95,7 @@ def setup(backend: str | None = None, *, seed: int | None = 0, timeout: float | 
     """Initialise torch.distributed for this rank and return its `Context`.
 
     backend: None picks NCCL when every local rank has a GPU of its own, else gloo on CPU
-        (`labkit.system.default_backend`); LABKIT_BACKEND=gloo|nccl overrides the choice.
+        (`labkit.runtime.system.default_backend`); LABKIT_BACKEND=gloo|nccl overrides the choice.
     seed: seeds torch, random (and numpy if present) with `seed` on every rank, so replicas
         start identical; None leaves the generators alone.
     timeout: seconds a collective may wait before raising (default: LABKIT_COLLECTIVE_TIMEOUT,
@@ -149,7 +149,7 @@ def setup(backend: str | None = None, *, seed: int | None = 0, timeout: float | 
 def context() -> Context:
     """The context of the last `setup()` (raises if setup was not called)."""
     if _ctx is None:
-        raise RuntimeError("labkit.dist.setup() has not been called in this rank")
+        raise RuntimeError("labkit.runtime.dist.setup() has not been called in this rank")
     return _ctx
 
 
@@ -220,7 +220,7 @@ def print0(*args, **kwargs) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# lifecycle records (written by labkit._bootstrap, which wraps every lab run_lab starts)
+# lifecycle records (written by labkit.runtime.bootstrap, which wraps every lab run_lab starts)
 
 def _begin() -> None:
     _write({"kind": "start", "rank": rank(), "local_rank": local_rank(),
@@ -239,7 +239,7 @@ def _begin() -> None:
 def _record_error(exc: BaseException) -> str:
     te = _traceback.TracebackException.from_exception(exc)
     # Drop the launcher's own frames (bootstrap, runpy): the traceback starts in the lab.
-    kept = [f for f in te.stack if not f.filename.endswith(("labkit/_bootstrap.py", "runpy.py"))
+    kept = [f for f in te.stack if not f.filename.endswith(("labkit/runtime/bootstrap.py", "runpy.py"))
             and not f.filename.startswith("<frozen runpy")]
     te.stack = _traceback.StackSummary.from_list(kept)
     tb = "".join(te.format())
@@ -275,7 +275,7 @@ def shutdown(exit_process: bool | None = None) -> None:
                 tdist.barrier()
             tdist.destroy_process_group()
         except Exception as exc:  # a peer already gone: nothing to wait for
-            print(f"labkit.dist.shutdown: {type(exc).__name__}: {exc}", file=sys.stderr)
+            print(f"labkit.runtime.dist.shutdown: {type(exc).__name__}: {exc}", file=sys.stderr)
     _ctx = None
     if exit_process:
         _finish(0)

@@ -1,8 +1,12 @@
-"""The `labkit` command (also `python -m labkit`).
+"""The `labkit` command (layer 7; also `python -m labkit`).
 
-Each subcommand lives in its own module under `labkit.commands`, which provides
-`add_arguments(parser)` and `run(args) -> int`. Modules are imported only when their command
-runs, so `labkit --help` and `labkit mem` stay fast (no torch import).
+Each subcommand is a module here (`labkit.cli.<name>`) providing `add_arguments(parser)` and
+`run(args) -> int`, holding its own command-line logic; the machinery it drives lives in the
+layer it belongs to (the grader and doctor in course/, the launcher in runtime/). Modules are
+imported only when their command runs, so `labkit --help` and `labkit mem` stay fast (no torch).
+`bench_<name>.py` modules are the benchmarks `labkit bench <name>` finds.
+
+May import: anything in labkit. Nothing in labkit imports cli/.
 """
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ import argparse
 import importlib
 import sys
 
-# name -> (module under labkit.commands, one-line help)
+# name -> (module under labkit.cli, one-line help)
 COMMANDS = {
     "doctor": ("doctor", "check that this machine is ready for the course (--json for scripts)"),
     "mem": ("mem", "per-GPU training memory of a model: labkit mem llama2-70b --zero 3 --dp 64"),
@@ -22,7 +26,7 @@ COMMANDS = {
 
 
 def _load(module: str):
-    return importlib.import_module(f"labkit.commands.{module}")
+    return importlib.import_module(f"labkit.cli.{module}")
 
 
 def build_parser(commands: list[str] | None = None) -> argparse.ArgumentParser:

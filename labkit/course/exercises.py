@@ -6,7 +6,7 @@ Authoring rules (what this module and the grader read):
   ``### BEGIN SOLUTION`` and a line ``### END SOLUTION`` (alone on their lines, any indentation;
   several regions per cell are allowed). Its id is ``metadata.labkit.exercise`` when set (letters,
   digits, ``_ . -``), else ``ex1``, ``ex2``, ... by order among the exercise cells.
-- A **check cell** is a code cell tagged ``check``; it calls ``labkit.grading`` and belongs to
+- A **check cell** is a code cell tagged ``check``; it calls ``labkit.course.grading`` and belongs to
   ``metadata.labkit.checks`` when set, else to the nearest exercise cell above it. Its name is
   ``metadata.labkit.check`` when set, else the exercise id (``ex3.1``, ``ex3.2``, ... when an
   exercise has several unnamed checks). Every exercise needs at least one check.
@@ -14,14 +14,14 @@ Authoring rules (what this module and the grader read):
   malformed marker (``## BEGIN SOLUTION``), nested or unclosed regions are errors: they would leak
   an answer.
 
-The generator (``python -m labkit.exercises``, or ``generate(solutions_dir, exercises_dir)``)
+The generator (``python -m labkit.course.exercises``, or ``generate(solutions_dir, exercises_dir)``)
 writes each ``exercises/NN_name.ipynb`` with: a header cell saying how to grade; each region
 replaced by ``raise NotImplementedError("Exercise ex1: write ~N lines")`` at the marker's
 indentation (N counts the region's code lines); outputs and execution counts cleared; cell
 metadata reduced to ``tags``, ``labkit`` and Jupyter's display keys, with the exercise id written
 into each exercise cell and check cells marked not editable/deletable; cell ids positional
 (``cell-000``, ...) and JSON with sorted keys, so the same solutions always give the same bytes.
-``python -m labkit.exercises --check`` (and ``check_sync``) reports exercise files that are
+``python -m labkit.course.exercises --check`` (and ``check_sync``) reports exercise files that are
 missing, stale or orphaned, and any solution line that leaked into an exercise file.
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ HEADER_ID = "labkit-header"
 _ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,40}$")
 _KEEP_CELL_METADATA = ("tags", "labkit", "jupyter", "editable", "deletable", "slideshow")
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class NotebookFormatError(ValueError):
@@ -308,10 +308,10 @@ def check_sync(solutions_dir: Path | str, exercises_dir: Path | str) -> list[str
             problems.append(f"{sol}: {exc}")
             continue
         if not target.exists():
-            problems.append(f"{target} is missing; run `python -m labkit.exercises`")
+            problems.append(f"{target} is missing; run `python -m labkit.course.exercises`")
             continue
         if target.read_text(encoding="utf-8") != text:
-            problems.append(f"{target} is out of date with {sol}; run `python -m labkit.exercises`")
+            problems.append(f"{target} is out of date with {sol}; run `python -m labkit.course.exercises`")
         leaks = leaked_lines(read_notebook(sol), read_notebook(target))
         if leaks:
             problems.append(f"{target} contains solution lines: {leaks[:3]}")
@@ -323,7 +323,7 @@ def check_sync(solutions_dir: Path | str, exercises_dir: Path | str) -> list[str
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m labkit.exercises",
+        prog="python -m labkit.course.exercises",
         description="Write exercises/NN_*.ipynb from solutions/NN_*.ipynb (answers stubbed out).")
     parser.add_argument("--solutions", type=Path, default=REPO_ROOT / "solutions")
     parser.add_argument("--exercises", type=Path, default=REPO_ROOT / "exercises")
@@ -342,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {path}")
         return 0
     except NotebookFormatError as exc:
-        print(f"labkit.exercises: {exc}", file=sys.stderr)
+        print(f"labkit.course.exercises: {exc}", file=sys.stderr)
         return 2
 
 

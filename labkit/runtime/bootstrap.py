@@ -1,12 +1,12 @@
-"""What each rank runs under `labkit.launch.run_lab`: `python -m labkit._bootstrap TARGET ARGS...`.
+"""What each rank runs under `labkit.runtime.launch.run_lab`: `python -m labkit.runtime.bootstrap TARGET ARGS...`.
 
 It runs TARGET (a module such as `labkit.labs.hello`, or a script path) as `__main__`, and around
 it writes the records the launcher reads (start with pid, exit with wall time, error with the
 exception type, message and traceback) and torch elastic's error file, so that every lab gets
 the behaviour of `@record` whether or not its author remembered it. A lab whose process group is
-still up when it returns is shut down by `labkit.dist.shutdown()` (barrier, flush, os._exit).
+still up when it returns is shut down by `labkit.runtime.dist.shutdown()` (barrier, flush, os._exit).
 
-LABKIT_CELL_SETUP=1 (the %%torchrun magic) calls `labkit.dist.setup()` first and gives the
+LABKIT_CELL_SETUP=1 (the %%torchrun magic) calls `labkit.runtime.dist.setup()` first and gives the
 script the names rank, world_size, device, ctx, report, print0, progress, torch and dist
 (torch.distributed).
 """
@@ -16,7 +16,7 @@ import os
 import runpy
 import sys
 
-from labkit import dist
+from labkit.runtime import dist, guard
 
 
 def _write_elastic_error_file(exc: BaseException) -> None:
@@ -41,8 +41,9 @@ def _cell_globals() -> dict:
 
 def main(argv: list[str]) -> None:
     if not argv:
-        raise SystemExit("usage: python -m labkit._bootstrap TARGET [ARGS...]")
+        raise SystemExit("usage: python -m labkit.runtime.bootstrap TARGET [ARGS...]")
     target, args = argv[0], argv[1:]
+    guard.protect_rank()          # die with torchrun and with the launcher (no orphans)
     dist._begin()
     sys.argv = [target, *args]
     code = 0

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from labkit import system
+from labkit.runtime import system
 
 MIN_PYTHON = (3, 10)
 WIDGETS_EXTENSION = "@jupyter-widgets/jupyterlab-manager"
@@ -196,9 +196,9 @@ def check_launch(nproc: int = 2, timeout: float = 120.0) -> Check:
     """Start `nproc` local ranks with the hello lab and check their all-reduce."""
     name = f"{nproc}-rank launch"
     try:
-        from labkit.launch import LabError, run_lab
+        from labkit.runtime.launch import LabError, run_lab
     except ImportError as exc:
-        return Check(name, "fail", f"labkit.launch cannot be imported: {exc}", SETUP_FIX)
+        return Check(name, "fail", f"labkit.runtime.launch cannot be imported: {exc}", SETUP_FIX)
     t0 = time.perf_counter()
     try:
         result = run_lab("labkit.labs.hello", nproc=nproc, timeout=timeout, quiet=True)

@@ -8,10 +8,10 @@
     print0("sum over ranks:", x.item())
 
 The cell runs in fresh processes, not in the kernel: it sees none of the notebook's variables,
-and it starts with labkit.dist set up and these names defined: rank, world_size, device, ctx
-(labkit.dist.Context), report, print0, progress, torch, dist (torch.distributed). Output is
+and it starts with labkit.runtime.dist set up and these names defined: rank, world_size, device, ctx
+(labkit.runtime.dist.Context), report, print0, progress, torch, dist (torch.distributed). Output is
 streamed into the cell with a rank prefix; the LabResult is returned and also stored in the
-notebook variable `_torchrun`. A failing rank raises labkit.launch.LabError.
+notebook variable `_torchrun`. A failing rank raises labkit.runtime.launch.LabError.
 """
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ class TorchrunMagics(Magics):
     @argument("--quiet", action="store_true", help="do not stream the ranks' output")
     @cell_magic
     def torchrun(self, line, cell):
-        """Run this cell under torchrun on N ranks (see labkit.magic)."""
-        from labkit.launch import run_lab
+        """Run this cell under torchrun on N ranks (see labkit.runtime.magic)."""
+        from labkit.runtime.launch import run_lab
 
         opts = parse_argstring(self.torchrun, line)
         env = {"LABKIT_CELL_SETUP": "1"}

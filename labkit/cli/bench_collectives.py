@@ -4,7 +4,7 @@
     labkit bench collectives -- --nproc 8 -e 256M -n 20 --plot /tmp/coll.png
 
 Runs the lab `labkit.labs.collectives` (see its docstring for the table's conventions, which are
-nccl-tests') under labkit.launch.run_lab: prints the algbw/busbw table per op, the alpha-beta fit
+nccl-tests') under labkit.runtime.launch.run_lab: prints the algbw/busbw table per op, the alpha-beta fit
 of each op (and what it means as the ring model's latency and link bandwidth), and saves the
 plot (default labkit-collectives.png in the temporary directory). Every other flag goes to the lab.
 """
@@ -22,8 +22,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds before the ranks are stopped (default 600)")
     args, lab_args = parser.parse_known_args(argv or [])
 
-    from labkit import system
-    from labkit.launch import LabError, run_lab
+    from labkit.runtime import system
+    from labkit.runtime.launch import LabError, run_lab
 
     nproc = args.nproc or system.default_nproc()
     try:

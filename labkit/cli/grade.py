@@ -1,4 +1,4 @@
-"""`labkit grade NOTEBOOK`: grade an exercise notebook in a fresh kernel (see labkit.grader).
+"""`labkit grade NOTEBOOK`: grade an exercise notebook in a fresh kernel (see labkit.course.grader).
 
 Exit status: 0 when every check passes, 1 when any fails, 2 when the input cannot be graded
 (missing file, not a notebook, no solutions notebook to grade against).
@@ -11,7 +11,7 @@ import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from labkit.grader import DEFAULT_TIMEOUT
+    from labkit.course.grader import DEFAULT_TIMEOUT
 
     parser.add_argument("notebook", help="your exercise notebook, e.g. exercises/01_memory_math.ipynb")
     parser.add_argument("--template", metavar="PATH", default=None,
@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from labkit.grader import GradeInputError, grade_notebook
+    from labkit.course.grader import GradeInputError, grade_notebook
 
     if not args.timeout > 0:
         print(f"labkit grade: --timeout={args.timeout:g} must be a number of seconds > 0",

@@ -17,7 +17,7 @@ source of its exercise cells:
    the cell is interrupted), with the learner's notebook directory as working directory.
 4. A check passes when its cell ran without error and its exercise cell ran without error.
    Otherwise its message is the exercise's problem ("not attempted yet", the exception it
-   raised, a timeout) or the check's own error (a ``labkit.grading.GradingError`` explains
+   raised, a timeout) or the check's own error (a ``labkit.course.grading.GradingError`` explains
    expected vs received).
 
 Not a sandbox: the learner's code runs in the kernel next to the checks and could, with intent,
@@ -36,8 +36,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from labkit import exercises as ex_mod
-from labkit.exercises import NotebookFormatError
+from labkit.course import exercises as ex_mod
+from labkit.course.exercises import NotebookFormatError
 
 DEFAULT_TIMEOUT = 300  # seconds per cell
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -239,7 +239,7 @@ class _CellRun:
 def _kernel_env() -> dict:
     env = dict(os.environ)
     # The kernel imports the same labkit as the grader, whatever its working directory.
-    root = str(Path(ex_mod.__file__).resolve().parent.parent)
+    root = str(Path(ex_mod.__file__).resolve().parents[2])   # the folder that holds labkit/
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     if env.get("MPLBACKEND", "").lower() == "agg":  # DESIGN: never Agg in kernels (no figures)
         del env["MPLBACKEND"]
@@ -378,9 +378,3 @@ def grade_notebook(path: Path | str, template: Path | str | None = None, *,
                      for c in lay.checks]
     report.seconds = time.monotonic() - start
     return report
-
-
-if __name__ == "__main__":  # python -m labkit.grader NOTEBOOK: same as `labkit grade NOTEBOOK`
-    from labkit.commands.grade import main
-
-    raise SystemExit(main(sys.argv[1:]))

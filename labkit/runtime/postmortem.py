@@ -1,6 +1,6 @@
 """How a lab ended, read from what its ranks left behind: the JSON-lines records of
-labkit.dist, torch elastic's error files, torchrun's failure summary, and the stacks ranks dump on
-SIGUSR1 when a timeout fires (used by labkit.launch to write its LabError messages)."""
+labkit.runtime.dist, torch elastic's error files, torchrun's failure summary, and the stacks ranks dump on
+SIGUSR1 when a timeout fires (used by labkit.runtime.launch to write its LabError messages)."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ STACK_WAIT_SECONDS = 2.0     # how long a timeout waits for the ranks' stack dum
 
 
 # ---------------------------------------------------------------------------------------------
-# records written by the ranks (labkit.dist / labkit._bootstrap)
+# records written by the ranks (labkit.runtime.dist / labkit.runtime.bootstrap)
 
 def read_records(results_dir: str) -> dict[int, list[dict]]:
     records: dict[int, list[dict]] = {}
@@ -86,7 +86,7 @@ def short_path(path: str) -> str:
 
 
 def is_plumbing(path: str) -> bool:
-    return path.startswith("<frozen runpy") or path.endswith(("labkit/_bootstrap.py", "runpy.py"))
+    return path.startswith("<frozen runpy") or path.endswith(("labkit/runtime/bootstrap.py", "runpy.py"))
 
 
 def where(frames: list[tuple[str, int, str]]) -> tuple[str | None, str]:

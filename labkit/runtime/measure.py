@@ -1,6 +1,6 @@
 """Inside a rank: what this rank holds, saves and sends, measured exactly.
 
-    from labkit import measure
+    from labkit.runtime import measure
     s = measure.state_bytes(model, optimizer)    # params, grads, optimizer_states, optimizer_steps
     with measure.SavedActivations(model) as saved:
         loss = model(x).sum()

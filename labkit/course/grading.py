@@ -3,7 +3,7 @@
 A check cell (tagged ``check`` in ``solutions/NN_*.ipynb``) computes the reference at run time and
 calls one of these functions on what the learner's exercise cell produced::
 
-    from labkit import grading
+    from labkit.course import grading
     grading.check_close("ex2", answer_bytes, 7e9 * 16, unit="bytes",
                         hint="mixed-precision AdamW keeps 16 bytes per parameter")
     grading.check_callable("ex1", param_count, cases=[(768, 12), (1024, 24)],

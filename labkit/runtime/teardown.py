@@ -1,6 +1,6 @@
 """Stopping a lab's processes for good: torchrun runs in a session of its own and each rank in
 its own, so teardown signals every process group and every process that carries the run's
-LABKIT_RUN_ID, SIGTERM first and SIGKILL after a grace period (used by labkit.launch)."""
+LABKIT_RUN_ID, SIGTERM first and SIGKILL after a grace period (used by labkit.runtime.launch)."""
 from __future__ import annotations
 
 import os
@@ -8,7 +8,7 @@ import signal
 import subprocess
 import time
 
-from labkit.dist import ENV_RUN_ID
+from labkit.runtime.dist import ENV_RUN_ID
 
 GRACE_SECONDS = 3.0          # between SIGTERM and SIGKILL at teardown
 

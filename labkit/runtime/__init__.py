@@ -1,0 +1,15 @@
+"""The distributed runtime (layer 3): starting labs and what runs inside a rank.
+
+- `launch`: `run_lab` starts a lab under torchrun from a notebook or the shell and says how it
+  ended (`LabError` names the failing rank); `teardown` and `postmortem` are its two halves
+  (stopping everything; reading what the ranks left behind); `guard` makes torchrun die with
+  the process that launched it.
+- `bootstrap`: what each rank runs around the lab (records, error files, the launcher watchdog).
+- `dist`: inside a rank: process group, device, seeding, `report()`, clean shutdown.
+- `measure`: inside a rank: bytes held, activations saved, collectives sent, step time.
+- `magic`: the `%%torchrun` cell magic. `system`: backend and rank-count defaults.
+
+May import: layer 1 (labkit.models, .memory, .comm, ..., .validate) and itself. Never plots/,
+widgets/, parallel/, labs/, course/ or cli/. torch is imported inside functions where a module
+must stay cheap to import (launch, system).
+"""

@@ -1,0 +1,170 @@
+"""Tie a lab's processes to the process that launched it, so that none outlives it.
+
+Why: torchrun and each rank run in sessions of their own (so that teardown can signal their
+groups), and a rank that prints nothing never notices that the notebook kernel that started it
+is gone: a kernel restart, a shutdown or `kill -9` used to leave torchrun and its ranks running
+(measured: ranks alive 62 s after `kill -9` of the kernel, until their own work ended).
+
+Two links, each enough alone on Linux, together covering the gaps of the other:
+
+1. launcher -> torchrun: `run_lab` starts `python -m labkit.runtime.guard PID -- torchrun ...`,
+   which asks the kernel (Linux `prctl(PR_SET_PDEATHSIG, SIGKILL)`) to kill it when its parent
+   dies, checks the parent is still PID (it may have died already), and then *becomes* torchrun
+   (`execv`; the death signal survives exec). Costs one small interpreter start, ~50 ms.
+2. torchrun -> rank and launcher -> rank: each rank's bootstrap calls `protect_rank()`, which
+   sets the same death signal against torchrun (in the kernel: works while the rank holds the
+   GIL in C code) and starts a watchdog thread that waits on the launcher's pid (a pidfd where
+   Linux has one; polling elsewhere, e.g. macOS, where prctl does not exist) and kills the
+   rank's own process group when the launcher is gone.
+
+LABKIT_ORPHAN_GUARD=0 in the launcher's environment turns both off (to show what happens without
+them; tests/test_orphans.py does). Plain `torchrun` runs are unaffected: without the launcher's
+variables nothing is set.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+
+ENV_LAUNCHER_PID = "LABKIT_LAUNCHER_PID"
+ENV_LAUNCHER_START = "LABKIT_LAUNCHER_START"   # the launcher's start time (guards pid reuse)
+ENV_AGENT_PID = "LABKIT_AGENT_PID"              # torchrun's pid (the guard's, kept by exec)
+ENV_SWITCH = "LABKIT_ORPHAN_GUARD"
+POLL_SECONDS = 0.5
+
+_PR_SET_PDEATHSIG = 1
+
+
+def enabled(env=None) -> bool:
+    return (env if env is not None else os.environ).get(ENV_SWITCH, "1") != "0"
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> bool:
+    """Ask Linux to send `sig` to this process when its parent (thread) dies. False where the
+    platform cannot (not Linux, no libc)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22), or None.
+    With the pid it names one process for good: a reused pid has another start time."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def launcher_env() -> dict[str, str]:
+    """What run_lab adds to the ranks' environment so that they can watch it."""
+    pid = os.getpid()
+    env = {ENV_LAUNCHER_PID: str(pid)}
+    started = start_time(pid)
+    if started is not None:
+        env[ENV_LAUNCHER_START] = started
+    return env
+
+
+def guarded_command(cmd: list[str]) -> list[str]:
+    """`cmd` run through this module, so that it dies with the calling process."""
+    return [sys.executable, "-m", "labkit.runtime.guard", str(os.getpid()), "--", *cmd]
+
+
+def _alive(pid: int, started: str | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    if started is not None and os.path.exists("/proc"):
+        now = start_time(pid)
+        if now != started:
+            return False          # gone, and the pid reused (or a zombie's stat unreadable)
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X"):
+                    return False
+        except OSError:
+            return False
+    return True
+
+
+def _wait_for_exit(pid: int, started: str | None) -> None:
+    """Block until the process is gone."""
+    if hasattr(os, "pidfd_open"):
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            fd = None
+        if fd is not None:
+            import select
+            try:
+                if started is None or start_time(pid) == started:   # the same process
+                    select.select([fd], [], [])                      # readable once it exits
+                return
+            finally:
+                os.close(fd)
+    while _alive(pid, started):
+        time.sleep(POLL_SECONDS)
+
+
+def _kill_own_group() -> None:
+    sys.stderr.write(f"labkit: the launcher (pid {os.environ.get(ENV_LAUNCHER_PID)}) is gone; "
+                     f"rank process {os.getpid()} stops itself\n")
+    try:
+        sys.stderr.flush()
+    except Exception:
+        pass
+    try:
+        if os.getpgid(0) == os.getpid():     # a group leader: take its children with it
+            os.killpg(os.getpid(), signal.SIGKILL)
+    except OSError:
+        pass
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def protect_rank(env=None) -> bool:
+    """Called by each rank's bootstrap: die with torchrun and with the launcher. Returns
+    whether a launcher is being watched."""
+    env = env if env is not None else os.environ
+    if not enabled(env) or ENV_LAUNCHER_PID not in env:
+        return False
+    agent = env.get(ENV_AGENT_PID)
+    if agent is not None and int(agent) == os.getppid():
+        die_with_parent()
+        if os.getppid() != int(agent):      # torchrun died before the line above took effect
+            _kill_own_group()
+    pid, started = int(env[ENV_LAUNCHER_PID]), env.get(ENV_LAUNCHER_START)
+
+    def watch():
+        _wait_for_exit(pid, started)
+        _kill_own_group()
+
+    threading.Thread(target=watch, name="labkit-launcher-watchdog", daemon=True).start()
+    return True
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) < 3 or argv[1] != "--":
+        raise SystemExit("usage: python -m labkit.runtime.guard PARENT_PID -- COMMAND [ARGS...]")
+    parent, cmd = int(argv[0]), argv[2:]
+    die_with_parent()
+    if os.getppid() != parent:               # the parent died before prctl took effect
+        raise SystemExit(1)
+    os.environ[ENV_AGENT_PID] = str(os.getpid())   # exec keeps the pid: torchrun's
+    os.execv(cmd[0], cmd)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

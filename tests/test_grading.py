@@ -252,8 +252,21 @@ def _no_ids_in_order(nb):
     return nb
 
 
+def _old_imports(nb):
+    """Right answers in a file written against labkit 0.1's module paths (issue 9): its set-up
+    and check cells import `labkit.grading`, and its answers import from old paths too."""
+    for id_ in ("ex1", "ex2", "layers"):
+        _set(nb, id_, "from labkit.launch import run_lab   # a 0.1 path\nimport labkit.grading\n"
+             + _solution_code(id_))
+    for cell in nb.cells:
+        cell.source = cell.source.replace("from labkit.course import grading",
+                                          "from labkit import grading")
+    return nb
+
+
 VARIANTS = {
     "wrong": lambda: _wrong_nb(),
+    "old-imports": lambda: _old_imports(_exercise_nb()),
     "edited-outputs": lambda: _fake_pass_outputs(_wrong_nb()),
     "checks-deleted": lambda: _delete_checks(_wrong_nb()),
     "checks-retagged": lambda: _retag(_wrong_nb()),
@@ -366,6 +379,11 @@ def test_solution_passes_with_full_score(graded):
 
 
 @pytest.mark.notebook
+def test_a_file_written_against_the_old_module_paths_still_grades(graded):
+    report = graded("old-imports")
+    assert report.ok and report.passed == report.total == 4, report.format()
+
+
 def test_wrong_answers_fail_with_expected_and_received(graded):
     report = graded("wrong")
     checks = _by_name(report)

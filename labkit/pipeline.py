@@ -20,8 +20,14 @@ reproduces Narayanan et al. 2021 (§2.2) exactly:
   would be idle time, keeping 1F1B's limit of p - i micro-batches in flight. With
   f = b = w (the paper's setting) its makespan is m(f + b + w) + (p - 1)(f + b - w), against
   1F1B's (m + p - 1)(f + b + w) (paper, §3.1); this greedy simulation reproduces that. For
-  other ratios it is a heuristic: never slower than 1F1B, but its bubble need not shrink with
-  every extra micro-batch (p=5, f=2.5, b=w=2.84: 0.2173 at m=5, 0.2202 at m=6).
+  other ratios the greedy list schedule is a heuristic and can lose to 1F1B (p=2, m=4,
+  f=0.138, b=1, w=0.25: 7.192 against 6.942: a W started in a gap delays a B that became
+  ready just after). So the simulator also runs the order with no W deferred (1F1B with the
+  backward split, each W right after its B) and keeps the shorter step, as the paper's
+  automatic scheduler keeps the best of its candidates. That order is never slower than 1F1B
+  (each op starts no later; a B's successor waits for B alone, not B + W), so neither is
+  zero-bubble, at the same in-flight bound. Its bubble need not shrink with every extra
+  micro-batch at other ratios (p=5, f=2.5, b=w=2.84: 0.2173 at m=5, 0.2202 at m=6).
 """
 from __future__ import annotations
 
@@ -139,7 +145,12 @@ def simulate(schedule, stages, microbatches, fwd=1.0, bwd=2.0, chunks=1, wgrad=N
                          f"{schedule!r}: None (the backward's weight gradient is part of bwd)")
 
     orders = _order(schedule, p, m, v)
-    cost = {"F": f / v, "B": b / v}
+    return _run_orders(schedule, orders, p, m, v, {"F": f / v, "B": b / v}, c, m * (f + b))
+
+
+def _run_orders(schedule, orders, p, m, v, cost, c, ideal) -> PipelineResult:
+    """Run per-stage orders of (kind, microbatch, chunk): each op starts when its stage is free
+    and its input is ready (a W needs only its own B, which comes before it on its stage)."""
     last = p * v - 1
     done: dict = {}                 # (kind, microbatch, virtual stage) -> end time
     free = [0.0] * p
@@ -156,8 +167,10 @@ def simulate(schedule, stages, microbatches, fwd=1.0, bwd=2.0, chunks=1, wgrad=N
                 vs = ch * p + i     # virtual stage (Megatron: chunk ch of stage i)
                 if kind == "F":
                     dep = None if vs == 0 else ("F", j, vs - 1)
-                else:
+                elif kind == "B":
                     dep = ("F", j, last) if vs == last else ("B", j, vs + 1)
+                else:
+                    dep = ("B", j, vs)
                 if dep is not None and dep not in done:
                     break
                 sent = dep is not None and dep[2] % p != i      # crosses to another stage
@@ -167,7 +180,7 @@ def simulate(schedule, stages, microbatches, fwd=1.0, bwd=2.0, chunks=1, wgrad=N
                 done[(kind, j, vs)] = end
                 free[i] = end
                 events.append(Event(i, kind, j, ch, start, end))
-                held[i] += 1 if kind == "F" else -1
+                held[i] += {"F": 1, "B": -1}.get(kind, 0)
                 peak[i] = max(peak[i], held[i])
                 pos[i] += 1
                 remaining -= 1
@@ -175,11 +188,27 @@ def simulate(schedule, stages, microbatches, fwd=1.0, bwd=2.0, chunks=1, wgrad=N
         if not progressed:  # pragma: no cover - the orders above are deadlock-free
             raise RuntimeError(f"schedule {schedule!r} deadlocked")
     events.sort(key=lambda e: (e.start, e.stage))
-    return PipelineResult(schedule, p, m, v, events, max(free), m * (f + b),
-                          [k / v for k in peak])
+    return PipelineResult(schedule, p, m, v, events, max(free), ideal, [k / v for k in peak])
+
+
+def _split_1f1b(p, m, f, b, w, c) -> PipelineResult:
+    """1F1B with the backward split into B and W, each W right after its B: zero-bubble's
+    schedule with nothing deferred."""
+    orders = [[op for kind, j, ch in o
+               for op in ([(kind, j, ch), ("W", j, ch)] if kind == "B" else [(kind, j, ch)])]
+              for o in _order("1f1b", p, m, 1)]
+    return _run_orders("zero-bubble", orders, p, m, 1, {"F": f, "B": b, "W": w}, c,
+                       m * (f + b + w))
 
 
 def _simulate_zero_bubble(p, m, f, b, w, c) -> PipelineResult:
+    """The shorter of the greedy ZB-H1 schedule and 1F1B with a split backward (see the module
+    docstring); on a tie the greedy one, which is the paper's at T_F = T_B = T_W."""
+    greedy, split = _greedy_zero_bubble(p, m, f, b, w, c), _split_1f1b(p, m, f, b, w, c)
+    return greedy if greedy.makespan <= split.makespan * (1 + 1e-12) else split
+
+
+def _greedy_zero_bubble(p, m, f, b, w, c) -> PipelineResult:
     """Greedy list scheduling in time order. When a stage is free it runs, by priority: a ready
     B; else a ready F if fewer than p - i micro-batches are in flight (1F1B's bound, as ZB-H1);
     else a pending W. "In flight" counts micro-batches forwarded and not yet through B, as for

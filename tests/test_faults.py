@@ -48,6 +48,27 @@ def test_raising_rank_names_rank_type_message_and_traceback(mark):
     assert time.monotonic() - t < 60
 
 
+@pytest.mark.parametrize("how, says, reason", [
+    ("exit", "rank 1 exited with code 3 without raising a Python exception", "exit"),
+    ("kill", "rank 1 was killed by SIGKILL; the kernel's OOM killer", "signal"),
+    ("segv", "rank 1 was killed by SIGSEGV; a crash in native code", "signal"),
+])
+def test_a_rank_that_dies_silently_is_blamed_not_its_peers(mark, how, says, reason):
+    """Issue 11 (1): its peers fail with "Connection closed by peer"; they must not be blamed."""
+    with pytest.raises(LabError) as info:
+        run_lab(str(LABS / "die_on_rank.py"), nproc=3, args=["--rank", "1", "--how", how],
+                timeout=120, quiet=True, env={MARK: mark})
+    err = info.value
+    text = str(err)
+    assert (err.rank, err.reason, err.exc_type) == (1, reason, None), text
+    assert text.startswith(f"lab {Path('tests/labs/die_on_rank.py')}") or "die_on_rank.py" in text
+    assert says in text.splitlines()[0], text
+    assert "[rank 1] going" in text                        # its last words are shown
+    assert "because rank 1 was gone" in text and "raised RuntimeError" not in text.splitlines()[0]
+    assert "pair.cc" not in text                            # gloo's source path is trimmed
+    assert "stopped by torchrun after rank 1" in text or "ranks 0, 2 then failed" in text
+
+
 def test_hanging_rank_is_stopped_at_the_timeout_and_named(mark):
     timeout = 20
     t = time.monotonic()

@@ -36,14 +36,13 @@ import tempfile
 import time
 import uuid
 from collections import defaultdict
-from dataclasses import dataclass, field
 
 from labkit.runtime import guard, system
 from labkit.runtime.dist import ENV_COLLECTIVE_TIMEOUT, ENV_RESULTS_DIR, ENV_RUN_ID
-from labkit.runtime.postmortem import (dump_stacks, elastic_errors, exit_codes_from_summary, first_record,
-                               hang_diagnosis, is_plumbing, main_thread_frames, ranks_text,
-                               read_records, short_path)
+from labkit.runtime.postmortem import dump_stacks, first_record, read_records
+from labkit.runtime.results import LabError, LabResult, RankResult  # noqa: F401 (re-exported)
 from labkit.runtime.teardown import proc_alive, teardown
+from labkit.runtime.verdict import DeathWatch, collect
 from labkit.validate import positive, positive_int
 
 # Under the launcher a collective waits this much longer than the launcher's own timeout, so a
@@ -53,58 +52,6 @@ LABS_PACKAGE = "labkit.labs"
 
 _PREFIX = re.compile(r"^\[[A-Za-z_]*?(\d+)\]:(.*)$")
 _TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")
-
-
-@dataclass
-class RankResult:
-    """How one rank ended: exit_code (None if unknown; negative = killed by that signal) and
-    wall_time in seconds from its start to its exit (or to the teardown)."""
-
-    rank: int
-    exit_code: int | None
-    wall_time: float | None
-    pid: int | None = None
-    host: str | None = None
-
-
-@dataclass
-class LabResult:
-    target: str
-    nproc: int
-    ranks: list[RankResult]
-    results: list[dict]          # indexed by rank: the union of what that rank report()ed
-    wall_time: float             # seconds from run_lab's call to its return
-    returncode: int | None       # torchrun's exit status
-    output: list[str] = field(default_factory=list, repr=False)      # "[rank R] ..." lines
-    agent_log: list[str] = field(default_factory=list, repr=False)   # torchrun's own lines
-    run_id: str = ""
-
-    @property
-    def ok(self) -> bool:
-        # ranks with no pid ran on other nodes (multi-node): this node knows nothing of them
-        return self.returncode == 0 and all(r.exit_code == 0 for r in self.ranks
-                                            if r.pid is not None)
-
-    def __repr__(self) -> str:
-        state = "ok" if self.ok else "failed"
-        return (f"LabResult(target={self.target!r}, nproc={self.nproc}, "
-                f"wall_time={self.wall_time:.2f} s, {state})")
-
-
-class LabError(RuntimeError):
-    """A lab failed, timed out or could not start. The message names the rank, the exception
-    type and message, and shows the first failing rank's traceback.
-
-    Attributes: rank (first failing rank or None), exc_type, exc_message, traceback,
-    reason ("exception" | "exit" | "signal" | "timeout" | "launcher"), result (a LabResult).
-    """
-
-    def __init__(self, message: str, *, reason: str, rank: int | None = None,
-                 exc_type: str | None = None, exc_message: str | None = None,
-                 traceback: str | None = None, result: LabResult | None = None):
-        super().__init__(message)
-        self.reason, self.rank, self.exc_type = reason, rank, exc_type
-        self.exc_message, self.traceback, self.result = exc_message, traceback, result
 
 
 # ---------------------------------------------------------------------------------------------
@@ -203,6 +150,7 @@ def run_lab(target, nproc: int | None = None, args=(), timeout: float | None = 3
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env,
                             start_new_session=True, stdin=subprocess.DEVNULL)
     printer = _Printer(quiet, verbose, _rank_labeller(nnodes, results_dir))
+    deaths = DeathWatch(results_dir)        # when each rank died: who failed first
     stacks: dict[int, str] = {}
     state = "exited"
 
@@ -214,7 +162,7 @@ def run_lab(target, nproc: int | None = None, args=(), timeout: float | None = 3
         # On one node, return once every rank has exited 0 (see _pump). Not on several:
         # torchrun's exit barrier there keeps the other nodes' agents in step.
         done = (lambda: _all_ranks_done(results_dir, nproc)) if nnodes == 1 else None
-        state = _pump(proc, t0, timeout, printer, done)
+        state = _pump(proc, t0, timeout, printer, done, deaths.poll if nnodes == 1 else None)
         if state == "timeout":
             pids = {r: p for r, p in rank_pids().items() if proc_alive(p)}
             stacks = dump_stacks(pids, results_dir)
@@ -230,9 +178,9 @@ def run_lab(target, nproc: int | None = None, args=(), timeout: float | None = 3
     returncode = 0 if state == "finished" else proc.returncode
     wall = time.monotonic() - t0
     try:
-        result, failure = _collect(target, nproc, results_dir, log_dir, returncode, wall,
-                                   printer.output, printer.agent_log, run_id,
-                                   state == "timeout", timeout, stacks)
+        result, failure = collect(target, nproc, results_dir, log_dir, returncode, wall,
+                                  printer.output, printer.agent_log, run_id,
+                                  state == "timeout", timeout, stacks, deaths.died)
     finally:
         if not keep_logs:
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -332,20 +280,23 @@ def _all_ranks_done(results_dir: str, nproc: int) -> bool:
     return True
 
 
-def _pump(proc, t0, timeout, printer: _Printer, done=None) -> str:
+def _pump(proc, t0, timeout, printer: _Printer, done=None, watch=None) -> str:
     """Print the ranks' lines as they arrive until torchrun exits ("exited"), the timeout
     fires ("timeout"), or done() says the ranks have all finished ("finished": torchrun is
     then killed rather than waited for; its own exit takes ~2 s after the ranks' and adds
-    nothing to the result)."""
+    nothing to the result). watch() is called every 0.1 s (the DeathWatch)."""
     sel = selectors.DefaultSelector()
     partial = {}
     for stream, dest in ((proc.stdout, "stdout"), (proc.stderr, "stderr")):
         sel.register(stream, selectors.EVENT_READ, dest)
         partial[dest] = b""
-    exited_at, checked, state = None, 0.0, "exited"
+    exited_at, checked, watched, state = None, 0.0, 0.0, "exited"
     try:
         while sel.get_map():
             now = time.monotonic()
+            if watch is not None and now - watched > 0.1:
+                watched = now
+                watch()
             if timeout is not None and now - t0 > timeout:
                 return "timeout"
             if proc.poll() is not None:
@@ -372,94 +323,3 @@ def _pump(proc, t0, timeout, printer: _Printer, done=None) -> str:
     finally:
         sel.close()
     return state
-
-
-def _collect(target, nproc, results_dir, log_dir, returncode, wall, output, agent_log, run_id,
-             timed_out, timeout, stacks):
-    """Build the LabResult and, when the lab failed, the LabError to raise."""
-    records = read_records(results_dir)
-    summary_codes = exit_codes_from_summary(agent_log)
-    world = max([nproc] + [s["world_size"] for recs in records.values()
-                           if (s := first_record(recs, "start"))])
-    end = time.time()
-    ranks, results = [], []
-    for r in range(world):
-        recs = records.get(r, [])
-        start, exit_ = first_record(recs, "start"), first_record(recs, "exit")
-        code = exit_["code"] if exit_ else summary_codes.get(r)
-        if code is None and returncode == 0 and start:
-            code = 0
-        wall_r = exit_["wall_time"] if exit_ else (end - start["time"] if start else None)
-        ranks.append(RankResult(r, code, wall_r, start and start["pid"], start and start["host"]))
-        merged: dict = {}
-        for rec in recs:
-            if rec["kind"] == "report":
-                merged.update(rec["metrics"])
-        results.append(merged)
-    result = LabResult(target, nproc, ranks, results, wall, returncode, output, agent_log, run_id)
-    name = short_path(target)
-
-    if timed_out:
-        running = [rr.rank for rr in ranks if records.get(rr.rank) and not first_record(
-            records[rr.rank], "exit") and not first_record(records[rr.rank], "error")]
-        lines = [f"lab {name} timed out: the launcher's timeout of {timeout:g} s fired with "
-                 + (f"rank{'s' if len(running) > 1 else ''} {ranks_text(running)} still running"
-                    if running else "no rank started yet (imports too slow? raise timeout)")]
-        lines += hang_diagnosis(running, stacks)
-        for r in sorted(stacks):
-            lines.append(f"--- Python stack of rank {r} at the timeout (most recent call first):")
-            frames = main_thread_frames(stacks[r])
-            lines += [f"  {p}:{ln} in {fn}" for p, ln, fn in frames if not is_plumbing(p)]
-        return result, LabError("\n".join(lines), reason="timeout", result=result)
-
-    if result.ok:
-        return result, None
-    errors = sorted(({**rec, "rank": r} for r, recs in records.items() for rec in recs
-                     if rec["kind"] == "error"), key=lambda e: e["time"])
-    if not errors:
-        errors = elastic_errors(log_dir)
-    others = []
-    if errors:
-        first = errors[0]
-        reason, rank, exc_type, exc_msg, tb = ("exception", first["rank"], first["exc_type"],
-                                               first["message"], first["traceback"])
-        head = f"lab {name} failed: rank {rank} raised {exc_type}: {exc_msg}"
-        if exc_type == "SystemExit":   # e.g. argparse: the rank printed why; show that instead
-            head = f"lab {name} failed: rank {rank} exited with code {exc_msg} (sys.exit)"
-            said = [o for o in output if o.startswith(f"[rank {rank}] ")][-5:]
-            others = (["its last output:"] + [f"  {o}" for o in said]) if said else []
-            reason, tb = "exit", None
-        else:
-            for e in errors[1:]:
-                msg = e["message"].splitlines()[0] if e["message"] else ""
-                msg = msg if len(msg) <= 120 else msg[:117] + "..."
-                others.append(f"rank {e['rank']} then raised {e['exc_type']}: {msg}")
-    else:
-        bad = [rr for rr in ranks if rr.exit_code not in (0, None)]
-        if bad:
-            rr = bad[0]
-            how = (f"was killed by signal {signal.Signals(-rr.exit_code).name}"
-                   if rr.exit_code < 0 and -rr.exit_code in signal.valid_signals()
-                   else f"exited with code {rr.exit_code}")
-            head = f"lab {name} failed: rank {rr.rank} {how}"
-            reason, rank = ("signal" if rr.exit_code < 0 else "exit"), rr.rank
-        else:
-            head = f"lab {name} failed: torchrun exited with code {returncode}"
-            reason, rank = "launcher", None
-            others += ["torchrun said:"] + agent_log[-20:]
-        exc_type = exc_msg = tb = None
-    errored = {e["rank"] for e in errors}
-    stopped = [rr.rank for rr in ranks if rr.exit_code is not None and rr.exit_code < 0
-               and rr.rank not in errored and rr.rank != rank]
-    if stopped and rank is not None:
-        others.append(f"rank{'s' if len(stopped) > 1 else ''} {ranks_text(stopped)} "
-                      f"stopped by torchrun after rank {rank} failed")
-    if exc_msg and re.search(r"timed out|timeout", exc_msg, re.I) and len(ranks) > 1:
-        others.append(f"hint: rank {rank} gave up waiting in a collective; a rank that never "
-                      "joined it is the usual cause. With the collective timeout above the "
-                      "launcher's (the default under run_lab) the launcher reports where every "
-                      "rank was.")
-    text = "\n".join([head, *others] + ([f"Traceback of rank {rank} (the first to fail):",
-                                        tb.rstrip()] if tb else []))
-    return result, LabError(text, reason=reason, rank=rank, exc_type=exc_type,
-                            exc_message=exc_msg, traceback=tb, result=result)

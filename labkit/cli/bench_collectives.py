@@ -6,7 +6,7 @@
 Runs the lab `labkit.labs.collectives` (see its docstring for the table's conventions, which are
 nccl-tests') under labkit.runtime.launch.run_lab: prints the algbw/busbw table per op, the alpha-beta fit
 of each op (and what it means as the ring model's latency and link bandwidth), and saves the
-plot (default labkit-collectives.png in the temporary directory). Every other flag goes to the lab.
+plot (default: collectives.png in a new private temporary directory). Every other flag goes to the lab.
 """
 from __future__ import annotations
 

@@ -42,7 +42,24 @@ OPS = ("all_reduce", "all_gather", "reduce_scatter")
 DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 _UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 # Not the current directory: a sweep started from a repository must not leave files in it.
-DEFAULT_PLOT = os.path.join(tempfile.gettempdir(), "labkit-collectives.png")
+DEFAULT_PLOT = "auto"      # a new private directory (mkdtemp, mode 0700) per run
+
+
+def save_plot(data: bytes, where: str) -> str:
+    """Write the PNG to `where` ("auto": collectives.png in a new private temporary directory,
+    never a fixed shared path another user could plant a symlink at). A given path is written
+    without following a symlink at its last component."""
+    if where == DEFAULT_PLOT:
+        where = os.path.join(tempfile.mkdtemp(prefix="labkit-collectives-"), "collectives.png")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(where, flags, 0o644)
+    except OSError as exc:
+        raise ValueError(f"--plot={where!r}: cannot write the plot there ({exc.strerror}; a "
+                         "symbolic link is refused); allowed: a regular file path, 'auto' or ''") from exc
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    return os.path.abspath(where)
 
 
 def parse_size(text: str) -> int:
@@ -251,7 +268,8 @@ def main(argv=None) -> None:
     p.add_argument("-w", "--warmup", type=int, default=2, help="untimed calls first (default 2)")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     p.add_argument("--plot", default=DEFAULT_PLOT,
-                   help=f"where rank 0 saves the plot (default {DEFAULT_PLOT}; '' for none)")
+                   help="where rank 0 saves the plot (default 'auto': a new private temporary "
+                        "directory; '' for none)")
     args = p.parse_args(argv)
     try:
         ops = [o for o in args.ops.split(",") if o]
@@ -310,10 +328,9 @@ def main(argv=None) -> None:
         if args.plot:
             from labkit.plots import png_bytes
             from labkit.plots.comm import bench_figure
-            with open(args.plot, "wb") as f:
-                f.write(png_bytes(bench_figure(rows, fits)))
-            dist.report(plot=os.path.abspath(args.plot))
-            dist.print0(f"# plot saved to {args.plot}")
+            saved = save_plot(png_bytes(bench_figure(rows, fits)), args.plot)
+            dist.report(plot=saved)
+            dist.print0(f"# plot saved to {saved}")
     if wrong_total:
         sys.stdout.flush()
         raise SystemExit(f"{wrong_total} wrong elements: the collectives returned bad results")

@@ -80,24 +80,27 @@ def guarded_command(cmd: list[str]) -> list[str]:
     return [sys.executable, "-m", "labkit.runtime.guard", str(os.getpid()), "--", *cmd]
 
 
-def _alive(pid: int, started: str | None) -> bool:
+def alive(pid: int, started: str | None = None) -> bool:
+    """Whether process `pid` runs (a zombie does not), and is the one that started at `started`
+    (a start time from `start_time`) when that is given. Without /proc (macOS): kill(pid, 0)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    if started is not None and os.path.exists("/proc"):
-        now = start_time(pid)
-        if now != started:
-            return False          # gone, and the pid reused (or a zombie's stat unreadable)
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                if f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X"):
-                    return False
-        except OSError:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except FileNotFoundError:
+        if os.path.isdir("/proc"):
             return False
-    return True
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+    except (OSError, IndexError):
+        return True
+    if fields[0] in (b"Z", b"X"):
+        return False
+    return started is None or fields[19].decode() == started
 
 
 def _wait_for_exit(pid: int, started: str | None) -> None:
@@ -115,7 +118,7 @@ def _wait_for_exit(pid: int, started: str | None) -> None:
                 return
             finally:
                 os.close(fd)
-    while _alive(pid, started):
+    while alive(pid, started):
         time.sleep(POLL_SECONDS)
 
 

@@ -24,6 +24,7 @@ How, and why so:
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import pkgutil
 import re
@@ -32,12 +33,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections import defaultdict
 
-from labkit.runtime import guard, system
+from labkit.runtime import guard, rundir, system
 from labkit.runtime.dist import ENV_COLLECTIVE_TIMEOUT, ENV_RESULTS_DIR, ENV_RUN_ID
 from labkit.runtime.postmortem import dump_stacks, first_record, read_records
 from labkit.runtime.results import LabError, LabResult, RankResult  # noqa: F401 (re-exported)
@@ -49,6 +49,7 @@ from labkit.validate import positive, positive_int
 # hang is reported by the launcher (which can say who never joined) rather than by a rank.
 COLLECTIVE_TIMEOUT_MARGIN = 30.0
 LABS_PACKAGE = "labkit.labs"
+ENV_OVERSUBSCRIBE = "LABKIT_OVERSUBSCRIBE"
 
 _PREFIX = re.compile(r"^\[[A-Za-z_]*?(\d+)\]:(.*)$")
 _TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")
@@ -104,7 +105,8 @@ def _torchrun_command(target: str, nproc: int, args, log_dir: str, run_id: str, 
 def run_lab(target, nproc: int | None = None, args=(), timeout: float | None = 300,
             env: dict | None = None, *, nnodes: int = 1, node_rank: int | None = None,
             rdzv_endpoint: str | None = None, rdzv_id: str | None = None,
-            quiet: bool = False, verbose: bool = False, keep_logs: bool = False) -> LabResult:
+            quiet: bool = False, verbose: bool = False, keep_logs: bool = False,
+            oversubscribe: bool | None = None) -> LabResult:
     """Run `target` on `nproc` ranks under torchrun and return a `LabResult`; raise `LabError`
     if a rank fails or the lab runs past `timeout` seconds (None: no limit).
 
@@ -114,7 +116,8 @@ def run_lab(target, nproc: int | None = None, args=(), timeout: float | None = 3
     nnodes/node_rank/rdzv_endpoint/rdzv_id: multi-node runs (same rdzv_endpoint and rdzv_id on
         every node). quiet: do not print the ranks' output (it is still in result.output).
     verbose: also print torchrun's own log lines. keep_logs: keep the run directory (its path
-        is in the LabError message).
+        is in the LabError message). oversubscribe: start more ranks per node than this machine
+        holds (system.max_local_ranks); default from LABKIT_OVERSUBSCRIBE=1, else refused.
     """
     t0 = time.monotonic()
     target = resolve_target(target)
@@ -122,11 +125,23 @@ def run_lab(target, nproc: int | None = None, args=(), timeout: float | None = 3
     nnodes = positive_int("nnodes", nnodes)
     if timeout is not None:
         timeout = positive("timeout", timeout)
+        if not math.isfinite(timeout):
+            raise ValueError(f"timeout={timeout!r} must be a finite number of seconds > 0; "
+                             "allowed: a number, or None for no limit")
+    if oversubscribe is None:
+        oversubscribe = os.environ.get(ENV_OVERSUBSCRIBE, "0") == "1"
+    limit, why = system.max_local_ranks()
+    if nproc > limit and not oversubscribe:
+        raise ValueError(f"nproc={nproc} is more ranks than this machine holds ({why}: at most "
+                         f"{limit}); allowed: 1 to {limit}, or oversubscribe=True "
+                         f"(labkit run --oversubscribe, or {ENV_OVERSUBSCRIBE}=1) to start "
+                         "them anyway")
     if nnodes > 1 and not rdzv_endpoint:
         raise ValueError(f"nnodes={nnodes} needs rdzv_endpoint='HOST:PORT' (the same on every "
                          "node); allowed: nnodes=1 without it")
     run_id = uuid.uuid4().hex[:12]
-    run_dir = tempfile.mkdtemp(prefix=f"labkit-{run_id}-")
+    rundir.sweep_stale()          # left by launchers killed before they could clean up
+    run_dir = rundir.make_run_dir(run_id)
     results_dir, log_dir = os.path.join(run_dir, "results"), os.path.join(run_dir, "logs")
     os.makedirs(results_dir)
 
@@ -185,8 +200,8 @@ def run_lab(target, nproc: int | None = None, args=(), timeout: float | None = 3
         if not keep_logs:
             shutil.rmtree(run_dir, ignore_errors=True)
     if failure is not None:
-        if keep_logs:
-            failure.args = (failure.args[0] + f"\n(run directory kept: {run_dir})",)
+        text = rundir.cap_message(failure.args[0], run_id)
+        failure.args = (text + (f"\n(run directory kept: {run_dir})" if keep_logs else ""),)
         raise failure
     return result
 

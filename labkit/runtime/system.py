@@ -42,6 +42,37 @@ def default_nproc() -> int:
     return max(2, min(CPU_DEFAULT_RANKS, os.cpu_count() or 1))
 
 
+# Ranks per core a CPU lab may start before run_lab refuses (oversubscribe=True overrides):
+# the course's largest lab, 3D parallelism, runs 8 ranks on a 2-core laptop.
+RANKS_PER_CORE = 4
+MIN_RANK_LIMIT = 8
+BYTES_PER_RANK = 400e6      # a rank with torch imported holds ~300-400 MB (PROBES.md)
+
+
+def available_memory() -> float | None:
+    """Bytes of memory available now (MemAvailable), or None where /proc/meminfo is absent."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def max_local_ranks() -> tuple[int, str]:
+    """(the most ranks this machine should run at once, why): RANKS_PER_CORE per core (at least
+    MIN_RANK_LIMIT), and no more than the available memory holds at BYTES_PER_RANK each."""
+    cores = os.cpu_count() or 1
+    limit, why = max(MIN_RANK_LIMIT, RANKS_PER_CORE * cores), f"{cores} cores"
+    mem = available_memory()
+    if mem is not None and mem // BYTES_PER_RANK < limit:
+        limit = max(1, int(mem // BYTES_PER_RANK))
+        why = f"{mem / 1e9:.1f} GB of memory available at ~{BYTES_PER_RANK / 1e6:.0f} MB a rank"
+    return limit, why
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free on `host` a moment ago (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

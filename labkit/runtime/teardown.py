@@ -9,20 +9,9 @@ import subprocess
 import time
 
 from labkit.runtime.dist import ENV_RUN_ID
+from labkit.runtime.guard import alive as proc_alive
 
 GRACE_SECONDS = 3.0          # between SIGTERM and SIGKILL at teardown
-
-
-
-def proc_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-        return state not in (b"Z", b"X")
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    except OSError:
-        return True
 
 
 def marked_pids(name: str, value: str) -> set[int]:

@@ -34,7 +34,7 @@ _TREE_OPS = ("all_reduce", "broadcast", "reduce")
 def bus_factor(op: str, world_size: int) -> float:
     """nccl-tests' busbw / algbw factor for `op` on `world_size` ranks."""
     validate.choice("op", op, OPS)
-    n = validate.positive_int("world_size", world_size)
+    n = validate.positive_int("world_size", world_size, validate.MAX_RANKS)
     if op == "all_reduce":
         return 2 * (n - 1) / n
     if op in ("all_gather", "reduce_scatter", "all_to_all"):
@@ -44,7 +44,8 @@ def bus_factor(op: str, world_size: int) -> float:
 
 def algbw(nbytes, seconds) -> float:
     """nccl-tests' algorithm bandwidth S / t, bytes/s."""
-    return validate.non_negative("nbytes", nbytes) / validate.positive("seconds", seconds)
+    return (validate.non_negative("nbytes", nbytes, validate.MAX_BYTES)
+            / validate.positive("seconds", seconds))
 
 
 algorithm_bandwidth = algbw
@@ -59,8 +60,8 @@ def bytes_sent_per_rank(op, nbytes, world_size) -> float:
     """Bytes each rank sends (and receives) under the ring algorithm: all_reduce 2(n-1)/n S,
     all_gather / reduce_scatter / all_to_all (n-1)/n S, broadcast / reduce S (a pipelined chain;
     the last rank sends nothing, the others S), send_recv S. Equal to S x bus_factor."""
-    n = validate.positive_int("world_size", world_size)
-    S = validate.non_negative("nbytes", nbytes)
+    n = validate.positive_int("world_size", world_size, validate.MAX_RANKS)
+    S = validate.non_negative("nbytes", nbytes, validate.MAX_BYTES)
     return 0.0 if n == 1 else S * bus_factor(op, n)
 
 
@@ -83,8 +84,8 @@ def collective_time(op, nbytes, world_size, bandwidth, latency=0.0, algorithm="r
     """
     validate.choice("op", op, OPS)
     validate.choice("algorithm", algorithm, ALGORITHMS)
-    n = validate.positive_int("world_size", world_size)
-    S = validate.non_negative("nbytes", nbytes)
+    n = validate.positive_int("world_size", world_size, validate.MAX_RANKS)
+    S = validate.non_negative("nbytes", nbytes, validate.MAX_BYTES)
     B = validate.positive("bandwidth", bandwidth)
     a = validate.non_negative("latency", latency)
     if n == 1:
@@ -209,9 +210,11 @@ def step_communication(strategy, model=None, num_params=None, dp=1, tp=1, pp=1, 
 
     validate.choice("strategy", strategy, STRATEGIES)
     validate.choice("recompute", recompute, RECOMPUTE)
-    dp, tp, pp, cp, m, v = (validate.positive_int(k, x) for k, x in
-                            (("dp", dp), ("tp", tp), ("pp", pp), ("cp", cp),
-                             ("microbatches", microbatches), ("chunks", chunks)))
+    dp, tp, pp, cp, m, v = (validate.positive_int(k, x, at_most) for k, x, at_most in
+                            (("dp", dp, validate.MAX_RANKS), ("tp", tp, validate.MAX_RANKS),
+                             ("pp", pp, validate.MAX_LAYERS), ("cp", cp, validate.MAX_RANKS),
+                             ("microbatches", microbatches, validate.MAX_BATCH),
+                             ("chunks", chunks, validate.MAX_LAYERS)))
     pb, gb, ab = (validate.positive(k, x) for k, x in (("param_bytes", param_bytes),
                   ("grad_bytes", grad_bytes), ("activation_bytes", activation_bytes)))
     spec = None if model is None else get_model(model)
@@ -225,7 +228,7 @@ def step_communication(strategy, model=None, num_params=None, dp=1, tp=1, pp=1, 
             _check_model(spec, tp, pp)
             psi = max(stage_params(spec, tp, pp))
         else:
-            psi = validate.positive("num_params", num_params) / (tp * pp)
+            psi = validate.positive("num_params", num_params, validate.MAX_PARAMS) / (tp * pp)
         if strategy == "ddp":
             add(Collective("all_reduce", 1, psi * gb, dp, "gradients"))
         elif strategy in ("zero1", "zero2"):
@@ -247,10 +250,11 @@ def step_communication(strategy, model=None, num_params=None, dp=1, tp=1, pp=1, 
     if spec is None:
         raise ValueError(f"strategy={strategy!r} needs model= (a preset name, ModelSpec or "
                          "config): its sizes come from the model's shapes")
-    s = validate.positive_int("seq_len", spec.max_seq_len if seq_len is None else seq_len)
+    s = validate.positive_int("seq_len", spec.max_seq_len if seq_len is None else seq_len,
+                              validate.MAX_SEQ_LEN)
     validate.divides("cp", cp, "seq_len", s)
     _check_model(spec, tp, pp)
-    b = validate.positive_int("batch_size", batch_size)
+    b = validate.positive_int("batch_size", batch_size, validate.MAX_BATCH)
     layers = -(-spec.num_layers // pp)           # the busiest stage
     sbh = b * (s // cp) * spec.hidden_size * ab
 
@@ -277,8 +281,10 @@ def step_communication(strategy, model=None, num_params=None, dp=1, tp=1, pp=1, 
 
 
 def _check_model(spec, tp, pp):
-    validate.divides("tp", tp, "num_heads", spec.num_heads)
-    validate.divides("tp", tp, "num_kv_heads", spec.num_kv_heads)
+    from labkit.memory import tp_splits
+
+    for what, count in tp_splits(spec).items():
+        validate.divides("tp", tp, what, count)
     if pp > spec.num_layers:
         raise ValueError(f"pp={pp} is larger than num_layers={spec.num_layers}; allowed: 1 to "
                          f"{spec.num_layers}")
@@ -287,7 +293,7 @@ def _check_model(spec, tp, pp):
 def _fsdp_units(spec, psi, units, tp, pp):
     """(parameters, is_root) for each FSDP unit of this rank's replica."""
     if units is not None or spec is None:
-        k = validate.positive_int("units", 1 if units is None else units)
+        k = validate.positive_int("units", 1 if units is None else units, validate.MAX_LAYERS)
         return [(psi / k, False)] * k
     layer = (spec.layer_parts()["attention_sharded"] + spec.layer_parts()["mlp_sharded"]) / tp \
         + spec.layer_parts()["replicated"]

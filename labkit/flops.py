@@ -32,7 +32,7 @@ RECOMPUTE = ("none", "selective", "full")
 
 def _matmul_params(model) -> tuple[float, object]:
     if isinstance(model, numbers.Real) and not isinstance(model, bool):
-        return validate.positive("model (parameter count)", model), None
+        return validate.positive("model (parameter count)", model, validate.MAX_PARAMS), None
     spec = get_model(model)
     # Drop the lookup tables; keep the head's matmul (a separate tensor already in num_params(),
     # or the tied embedding used a second time as the head).
@@ -45,7 +45,7 @@ def _matmul_params(model) -> tuple[float, object]:
 def attention_flops_per_token(model, seq_len, causal=False) -> float:
     """Forward attention-score FLOPs per token: 4 * L * (a * d_head) * s (halved if causal)."""
     spec = get_model(model)
-    s = validate.positive_int("seq_len", seq_len)
+    s = validate.positive_int("seq_len", seq_len, validate.MAX_SEQ_LEN)
     f = 4 * spec.num_layers * spec.q_size * s
     return f / 2 if causal else float(f)
 
@@ -76,12 +76,12 @@ def flops_per_token(model, seq_len=None, causal=False, recompute="none",
 def flops_per_step(model, batch_size, seq_len=None, causal=False, recompute="none",
                    hardware=False) -> float:
     """Training FLOPs of one step over `batch_size` sequences (the global batch) of seq_len."""
-    b = validate.positive_int("batch_size", batch_size)
+    b = validate.positive_int("batch_size", batch_size, validate.MAX_BATCH)
     if seq_len is None and isinstance(model, numbers.Real) and not isinstance(model, bool):
         raise ValueError(f"seq_len=None needs a model with a context length; with model={model!r}"
                          " (a parameter count) pass seq_len, a whole number >= 1")
     spec_len = seq_len if seq_len is not None else get_model(model).max_seq_len
-    s = validate.positive_int("seq_len", spec_len)
+    s = validate.positive_int("seq_len", spec_len, validate.MAX_SEQ_LEN)
     return flops_per_token(model, s, causal, recompute, hardware) * b * s
 
 
@@ -89,7 +89,7 @@ def mfu(model, tokens_per_second, gpu, num_gpus=1, seq_len=None, dtype="bf16",
         causal=False) -> float:
     """Model FLOPs utilisation: model FLOPs per token x tokens/s / (num_gpus x dense peak)."""
     tps = validate.positive("tokens_per_second", tokens_per_second)
-    g = validate.positive_int("num_gpus", num_gpus)
+    g = validate.positive_int("num_gpus", num_gpus, validate.MAX_RANKS)
     peak = get_gpu(gpu).flops(dtype)
     return flops_per_token(model, seq_len, causal) * tps / (g * peak)
 
@@ -98,7 +98,7 @@ def hfu(model, tokens_per_second, gpu, num_gpus=1, seq_len=None, dtype="bf16",
         causal=False, recompute="none") -> float:
     """Hardware FLOPs utilisation: like MFU but counting recomputed FLOPs (HFU >= MFU)."""
     tps = validate.positive("tokens_per_second", tokens_per_second)
-    g = validate.positive_int("num_gpus", num_gpus)
+    g = validate.positive_int("num_gpus", num_gpus, validate.MAX_RANKS)
     peak = get_gpu(gpu).flops(dtype)
     return flops_per_token(model, seq_len, causal, recompute, hardware=True) * tps / (g * peak)
 
@@ -108,10 +108,12 @@ def megatron_flops_per_step(batch_size, seq_len, num_layers, hidden_size, vocab_
     """Narayanan et al. 2021, eq. (3): 96 B s l h^2 (1 + s/(6h) + V/(16 l h)) with full
     recompute (4 passes), or 72 B s l h^2 (1 + s/(6h) + V/(12 l h)) without (3 passes). For a
     GPT layer with no biases or norms; a cross-check of `flops_per_step`."""
-    B, s, l, h, V = (validate.positive_int(k, v) for k, v in
-                     (("batch_size", batch_size), ("seq_len", seq_len),
-                      ("num_layers", num_layers), ("hidden_size", hidden_size),
-                      ("vocab_size", vocab_size)))
+    B, s, l, h, V = (validate.positive_int(k, v, at_most) for k, v, at_most in
+                     (("batch_size", batch_size, validate.MAX_BATCH),
+                      ("seq_len", seq_len, validate.MAX_SEQ_LEN),
+                      ("num_layers", num_layers, validate.MAX_LAYERS),
+                      ("hidden_size", hidden_size, validate.MAX_WIDTH),
+                      ("vocab_size", vocab_size, validate.MAX_WIDTH)))
     validate.choice("recompute", recompute, ("none", "full"))
     if recompute == "full":
         return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))

@@ -22,6 +22,7 @@ Everything here is pure Python (no torch import); results are bytes per GPU.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import math
 import numbers
 
 from labkit import validate
@@ -80,10 +81,10 @@ def activation_bytes_per_layer(seq_len, batch_size, hidden_size, num_heads, tp=1
       sequence parallelism that input is itself split along the sequence, so labkit counts
       2*s*b*h/t (Megatron-LM stores it that way; the paper's table does not distinguish).
     """
-    s = validate.positive_int("seq_len", seq_len)
-    b = validate.positive_int("batch_size", batch_size)
-    h = validate.positive_int("hidden_size", hidden_size)
-    a = validate.positive_int("num_heads", num_heads)
+    s = validate.positive_int("seq_len", seq_len, validate.MAX_SEQ_LEN)
+    b = validate.positive_int("batch_size", batch_size, validate.MAX_BATCH)
+    h = validate.positive_int("hidden_size", hidden_size, validate.MAX_WIDTH)
+    a = validate.positive_int("num_heads", num_heads, validate.MAX_WIDTH)
     t = validate.divides("tp", tp, "num_heads", a)
     validate.choice("recompute", recompute, RECOMPUTE)
     return _layer_activations(s, b, h, a, t, sequence_parallel, recompute)
@@ -153,7 +154,7 @@ class MemoryEstimate:
         """Whether `total` fits in a GPU's memory: a key of `labkit.hardware.GPUS` (e.g.
         "h100-sxm"), a GPU object, or a number of bytes."""
         if isinstance(gpu, numbers.Real) and not isinstance(gpu, bool):
-            return self.total <= validate.positive("gpu", gpu)
+            return self.total <= validate.positive("gpu", gpu, validate.MAX_BYTES)
         return self.total <= get_gpu(gpu).memory
 
     def table(self) -> str:
@@ -194,6 +195,21 @@ def stage_params(spec: ModelSpec, tp: int, pp: int) -> list[float]:
     return out
 
 
+def tp_splits(model) -> dict[str, int]:
+    """What tensor parallelism splits evenly over the tp ranks of `model` (a preset name, a
+    ModelSpec or a config): each rank takes whole attention heads, whole KV heads and an equal
+    slice of the MLP (Megatron-LM), so tp must divide each of these counts."""
+    spec = get_model(model)
+    return {"num_heads": spec.num_heads, "num_kv_heads": spec.num_kv_heads,
+            "ffn_size": spec.ffn_size}
+
+
+def tp_degrees(model) -> list[int]:
+    """The tensor-parallel degrees `estimate_memory` accepts for `model`: the divisors of every
+    count in `tp_splits(model)` (llama2-7b: 1, 2, 4, 8, 16, 32; gpt2: 1, 2, 3, 4, 6, 12)."""
+    return validate.divisors(math.gcd(*tp_splits(model).values()))
+
+
 def estimate_memory(model, batch_size=1, seq_len=None, precision="bf16-mixed",
                     optimizer="adamw", zero_stage=0, dp=1, tp=1, pp=1, cp=1,
                     sequence_parallel=False, recompute="none", microbatches=1,
@@ -216,25 +232,26 @@ def estimate_memory(model, batch_size=1, seq_len=None, precision="bf16-mixed",
     validate.choice("zero_stage", zero_stage, ZERO_STAGES)
     validate.choice("recompute", recompute, RECOMPUTE)
     validate.choice("schedule", schedule, SCHEDULES)
-    dp, tp, pp, cp = (validate.positive_int(n, v) for n, v in
-                      (("dp", dp), ("tp", tp), ("pp", pp), ("cp", cp)))
-    b = validate.positive_int("batch_size", batch_size)
-    m = validate.positive_int("microbatches", microbatches)
+    dp, tp, cp = (validate.positive_int(n, v, validate.MAX_RANKS) for n, v in
+                  (("dp", dp), ("tp", tp), ("cp", cp)))
+    pp = validate.positive_int("pp", pp, validate.MAX_LAYERS)
+    b = validate.positive_int("batch_size", batch_size, validate.MAX_BATCH)
+    m = validate.positive_int("microbatches", microbatches, validate.MAX_BATCH)
     w_bytes, g_bytes, o_bytes = state_bytes(precision, optimizer)
 
     if isinstance(model, numbers.Real) and not isinstance(model, bool):
-        n = validate.positive("model (parameter count)", model)
+        n = validate.positive("model (parameter count)", model, validate.MAX_PARAMS)
         per_stage = [n / (tp * pp)] * pp
         spec, s = None, None
     else:
         spec = get_model(model)
-        validate.divides("tp", tp, "num_heads", spec.num_heads)
-        validate.divides("tp", tp, "num_kv_heads", spec.num_kv_heads)
-        validate.divides("tp", tp, "ffn_size", spec.ffn_size)
+        for what, count in tp_splits(spec).items():
+            validate.divides("tp", tp, what, count)
         if pp > spec.num_layers:
             raise ValueError(f"pp={pp} is larger than num_layers={spec.num_layers}; allowed: "
                              f"1 to {spec.num_layers}")
-        s = validate.positive_int("seq_len", spec.max_seq_len if seq_len is None else seq_len)
+        s = validate.positive_int("seq_len", spec.max_seq_len if seq_len is None else seq_len,
+                                  validate.MAX_SEQ_LEN)
         if spec.learned_positions and s > spec.max_seq_len:
             raise ValueError(f"seq_len={s} exceeds the {spec.max_seq_len} learned positions of "
                              f"{spec.name}; allowed: 1 to {spec.max_seq_len}")

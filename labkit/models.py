@@ -27,6 +27,11 @@ from typing import Any
 from labkit import validate
 
 ARCHS = ("gpt2", "llama", "mistral", "qwen2")
+# Each size field of a ModelSpec: a whole number from 1 to this.
+_FIELD_LIMITS = {"num_layers": validate.MAX_LAYERS, "hidden_size": validate.MAX_WIDTH,
+                 "num_heads": validate.MAX_WIDTH, "num_kv_heads": validate.MAX_WIDTH,
+                 "ffn_size": validate.MAX_WIDTH, "vocab_size": validate.MAX_WIDTH,
+                 "max_seq_len": validate.MAX_SEQ_LEN}
 
 
 @dataclass(frozen=True)
@@ -59,14 +64,20 @@ class ModelSpec:
     def __post_init__(self):
         validate.choice("arch", self.arch, ARCHS)
         validate.choice("norm", self.norm, ("rmsnorm", "layernorm"))
-        for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_size",
-                      "vocab_size", "max_seq_len"):
-            validate.positive_int(field, getattr(self, field))
+        for field, at_most in _FIELD_LIMITS.items():
+            validate.positive_int(field, getattr(self, field), at_most)
         validate.divides("num_kv_heads", self.num_kv_heads, "num_heads", self.num_heads)
         if self.head_dim is None:
             validate.divides("num_heads", self.num_heads, "hidden_size", self.hidden_size)
         else:
-            validate.positive_int("head_dim", self.head_dim)
+            validate.positive_int("head_dim", self.head_dim, validate.MAX_WIDTH)
+        n = self.num_params()
+        if n > validate.MAX_PARAMS:
+            raise ValueError(
+                f"ModelSpec {self.name!r} has {validate.show(n)} parameters (num_layers="
+                f"{self.num_layers}, hidden_size={self.hidden_size}, ffn_size={self.ffn_size}, "
+                f"vocab_size={self.vocab_size}); allowed: at most "
+                f"{validate.show(validate.MAX_PARAMS)}")
 
     # ---- shapes -------------------------------------------------------------------------
     @property

@@ -2,6 +2,7 @@
 set control values as a learner would; results follow labkit.comm; bad input is a message."""
 from __future__ import annotations
 
+import ipywidgets as widgets
 import pytest
 
 from labkit.comm import bytes_sent_per_rank, collective_time
@@ -12,8 +13,10 @@ from labkit.widgets.comm import CUSTOM, CommCalculator
 
 
 def _set(calc, **values):
+    """What a learner does: type into a text field (so the value is text), or pick."""
     for name, value in values.items():
-        calc.controls[name].value = value
+        w = calc.controls[name]
+        w.value = str(value) if isinstance(w, widgets.Text) else value
 
 
 def test_defaults_follow_collective_time():
@@ -69,12 +72,30 @@ def test_custom_link_and_tree():
     ({"link": CUSTOM, "bandwidth_gbs": 0.0}, "bandwidth"),
     ({"link": CUSTOM, "latency_us": -2.0}, "latency"),
     ({"op": "all_gather", "algorithm": "tree"}, "tree"),
+    ({"ranks": "2.5"}, "ranks N='2.5' is not a whole number"),
+    ({"ranks": "1e3"}, "ranks N='1e3' is not a whole number"),
+    ({"ranks": 10**8}, "world_size=100000000 must be a whole number >= 1 and <= 1e7"),
+    ({"size_mb": 1e300}, "message size S (MB)=1e+300 must be a number > 0 and <= 1e12"),
+    ({"size_mb": float("inf")}, "message size S (MB)=inf must be a number > 0 and <= 1e12"),
+    ({"size_mb": float("nan")}, "message size S (MB)=nan"),
+    ({"link": CUSTOM, "bandwidth_gbs": float("inf")}, "custom bandwidth (GB/s per direction)=inf "
+                                                     "must be a number > 0 and <= 1e6"),
+    ({"link": CUSTOM, "latency_us": float("nan")}, "custom latency (µs)=nan must be a number "
+                                                   ">= 0 and <= 1e6"),
 ])
 def test_bad_input_is_a_message(values, needle):
     calc = CommCalculator(**values)
     assert calc.time is None and needle in calc.error
     assert "labkit-error" in calc.result.value and "Traceback" not in calc.result.value
-    assert calc.figure.value == b""
+    # no image rather than an empty one (a browser draws that as a broken-image icon)
+    assert calc.figure.value == b"" and calc.figure.layout.display == "none"
+    assert len(calc.error) < 200                      # no 300-digit numbers
+
+
+def test_the_largest_message_allowed_reads_as_numbers():
+    calc = CommCalculator(size_mb=1e12)               # 1e18 bytes, the cost model's limit
+    assert calc.error is None and "inf" not in calc.result.value and "nan" not in calc.result.value
+    assert len(calc.result.value) < 5000
 
 
 def test_recovers_after_bad_input():
@@ -83,6 +104,7 @@ def test_recovers_after_bad_input():
     assert calc.time is None and "at least 2 ranks" in calc.result.value
     _set(calc, ranks=2)
     assert calc.error is None and calc.time > 0 and bytes(calc.figure.value).startswith(b"\x89PNG")
+    assert calc.figure.layout.display != "none"
 
 
 def test_unknown_initial_control():

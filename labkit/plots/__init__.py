@@ -29,3 +29,17 @@ def png_bytes(fig, dpi: int = 100) -> bytes:
 def fmt_bytes(n: float) -> str:
     """'80.00 GB (74.51 GiB)': both units, as the course shows every size a person reads."""
     return f"{n / GB:,.2f} GB ({n / GiB:,.2f} GiB)"
+
+
+def fmt_count(n: float) -> str:
+    """A count (parameters, tokens) as a person reads it, about 3 significant digits: 950, 853K,
+    1.18M, 124M, 6.74B, 69.0B, 406B, 1.20T."""
+    units = (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3))
+    for i, (unit, scale) in enumerate(units):
+        v = n / scale
+        if abs(v) >= 1:
+            text = f"{v:.{2 if abs(v) < 10 else 1 if abs(v) < 100 else 0}f}"
+            if abs(float(text)) >= 1000 and i > 0:          # 999.95K rounds to 1.00M
+                return f"{n / units[i - 1][1]:.2f}{units[i - 1][0]}"
+            return text + unit
+    return f"{n:,.0f}"

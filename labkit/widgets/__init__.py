@@ -1,7 +1,10 @@
 """Calculators (layer 2: views). A calculator is a thin view over the pure cost models: it holds
 no formula of its own, keeps its results in widget traits (`HTML.value`, `Image.value`, never
-printed into an Output), shows bad input as a message in the widget (never a traceback), and can
-be driven from a test by setting its controls' `.value`.
+printed into an Output), shows bad input as a message in the widget (never a traceback, and no
+figure rather than a broken image), and can be driven from a test by setting its controls'
+`.value`. Whole numbers are typed into `int_field`s (text: '2.5' gets a message, not 25) or
+picked from the values that work (dropdowns, toggle buttons); controls sit in wrapping rows of
+fixed widths, so every one stays visible and clickable in a 1280-px-wide JupyterLab.
 
 May import: layer 1 (cost models), plots/ and ipywidgets. Never runtime/, parallel/, labs/,
 course/, cli/.
@@ -9,12 +12,18 @@ course/, cli/.
 from __future__ import annotations
 
 import html
+import re
+
+import ipywidgets as widgets
+import traitlets
 
 
 def error_html(exc: Exception) -> str:
-    """The message a calculator shows instead of a result when its input is invalid."""
+    """The message a calculator shows instead of a result when its input is invalid (one line
+    per problem when it lists several)."""
+    text = "<br>".join(html.escape(line) for line in str(exc).splitlines())
     return (f'<div class="labkit-error" style="color:#b00020"><b>Cannot compute:</b> '
-            f"{html.escape(str(exc))}</div>")
+            f"{text}</div>")
 
 
 def table_html(rows, header=None) -> str:
@@ -26,6 +35,38 @@ def table_html(rows, header=None) -> str:
         out.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>")
     out.append("</table>")
     return "".join(out)
+
+
+def int_field(description: str, value: int, width: str = "250px",
+              description_width: str = "100px") -> widgets.Text:
+    """A text field for a whole number, read with `whole_number`. Not `IntText`: its front end
+    deletes '.', 'e' and ',' as they are typed (ipywidgets 8), so '2.5' reached the kernel as 25
+    and '1e3' as 13; a Text field passes on what was typed, and a mistake gets a message."""
+    return widgets.Text(value=str(value), description=description, continuous_update=False,
+                        style={"description_width": description_width},
+                        layout=widgets.Layout(width=width))
+
+
+def whole_number(name: str, text: str) -> int:
+    """The whole number typed into a field called `name`: digits, optionally signed and grouped
+    with ',' or '_' ('1,024'); anything else ('2.5', '1e3', '') is a ValueError naming the field.
+    Ranges are the cost models' to check (they name the argument and its limits)."""
+    digits = re.sub(r"[,_]", "", str(text).strip())
+    if not re.fullmatch(r"[+-]?\d+", digits):
+        raise ValueError(f"{name}={str(text)!r} is not a whole number; type digits only "
+                         "(e.g. 8 or 1024)")
+    return int(digits)
+
+
+def row(children) -> widgets.HBox:
+    """Controls side by side that wrap onto the next line when the output area is narrower than
+    they are (each keeps its own fixed width), so none is pushed out of view or under another."""
+    return widgets.HBox(children, layout=widgets.Layout(flex_flow="row wrap",
+                                                        align_items="center", width="100%"))
+
+
+def _option_values(w) -> list:
+    return [o[1] if isinstance(o, tuple) else o for o in w.options]
 
 
 class Calculator:
@@ -42,12 +83,47 @@ class Calculator:
         if unknown:
             raise ValueError(f"unknown control(s) {sorted(unknown)}; allowed: {', '.join(self.controls)}")
         for name, value in initial.items():
-            self.controls[name].value = value
+            w = self.controls[name]
+            if isinstance(w, widgets.Text) and not isinstance(value, str):
+                value = str(value)               # MemoryCalculator(dp=8): the field shows "8"
+            try:
+                w.value = value
+            except traitlets.TraitError:         # not one of a selection's options
+                raise ValueError(self._not_offered(name, value)) from None
+
+    def _not_offered(self, name: str, value) -> str:
+        """The message for a starting value that is not among a selection control's options."""
+        allowed = ", ".join(repr(v) for v in _option_values(self.controls[name]))
+        return f"{name}={value!r} is not offered; allowed: {allowed}"
+
+    def read_ints(self, names) -> dict[str, int]:
+        """The whole numbers typed into the text fields `names` (by control name), or one
+        ValueError naming every field that does not hold one, a line each."""
+        values, bad = {}, []
+        for name in names:
+            w = self.controls[name]
+            try:
+                values[name] = whole_number(w.description, w.value)
+            except ValueError as exc:
+                bad.append(str(exc))
+        if bad:
+            raise ValueError("\n".join(bad))
+        return values
+
+    def show_figure(self, png: bytes | None) -> None:
+        """Show the figure's PNG bytes, or (None) hide the image: an Image with no bytes draws a
+        broken-image icon in the browser."""
+        self.figure.value = png or b""
+        self.figure.layout.display = "" if png else "none"
 
     def _watch(self) -> None:
-        """Recompute whenever any control changes (observers fire synchronously on `.value`)."""
-        for w in self.controls.values():
+        """Recompute whenever any control changes (observers fire synchronously on `.value`).
+        Each control also gets the CSS classes `labkit-control` and `labkit-control-NAME`, by
+        which the browser test finds every one."""
+        for name, w in self.controls.items():
             w.observe(self._on_change, names="value")
+            w.add_class("labkit-control")
+            w.add_class(f"labkit-control-{name}")
 
     def _on_change(self, change) -> None:
         self.update()

@@ -5,7 +5,7 @@ latency-bound and where it is bandwidth-bound.
 
     >>> from labkit.widgets.comm import CommCalculator
     >>> calc = CommCalculator()              # in a notebook, the last line `calc` displays it
-    >>> calc.controls["ranks"].value = 16    # what a test does instead of typing
+    >>> calc.controls["ranks"].value = "16"  # what a test does instead of typing
     >>> calc.result.value, calc.figure.value  # HTML, PNG bytes
 
 A thin view over `labkit.comm` (collective_time, bytes_sent_per_rank, bus_bandwidth): it holds no
@@ -24,10 +24,13 @@ from labkit.comm import ALGORITHMS, OPS, algbw, bus_bandwidth, bytes_sent_per_ra
 from labkit.hardware import LINKS
 from labkit.plots import png_bytes
 from labkit.plots.comm import crossover_bytes, fmt_size as _fmt_size, time_vs_size_figure
-from labkit.widgets import Calculator, error_html, table_html
+from labkit.widgets import Calculator, error_html, int_field, table_html
 
 CUSTOM = "custom"
 MB = 1e6
+# The largest value each number field takes: S up to the cost model's 1e18 bytes; a custom
+# link up to 1 PB/s (1,000x NVLink 5) and a latency up to 1 s.
+LIMITS = {"size_mb": validate.MAX_BYTES / MB, "bandwidth_gbs": 1e6, "latency_us": 1e6}
 
 
 def _fmt_time(t: float) -> str:
@@ -61,7 +64,7 @@ class CommCalculator(Calculator):
             # typed, not slid: message sizes span 10 orders of magnitude
             "size_mb": widgets.FloatText(value=1000.0, description="message S (MB)",
                                          style=style, layout=wide),
-            "ranks": widgets.IntText(value=8, description="ranks N", style=style, layout=wide),
+            "ranks": int_field("ranks N", 8, width="420px", description_width="150px"),
             "link": widgets.Dropdown(options=links + [("custom bandwidth and latency", CUSTOM)],
                                      value="nvlink4", description="link", style=style,
                                      layout=wide),
@@ -89,15 +92,17 @@ class CommCalculator(Calculator):
         """The arguments passed to `collective_time` (bytes, ranks, bytes/s, seconds); raises
         ValueError naming the control when one is out of range."""
         c = self.controls
-        nbytes = validate.positive("message size S (MB)", c["size_mb"].value) * MB
-        ranks = c["ranks"].value
-        if not isinstance(ranks, int) or ranks < 2:
-            raise ValueError(f"ranks N={ranks!r}: a collective needs at least 2 ranks; "
-                             "allowed: a whole number >= 2")
+        nbytes = validate.positive("message size S (MB)", c["size_mb"].value,
+                                   LIMITS["size_mb"]) * MB
+        ranks = self.read_ints(["ranks"])["ranks"]
+        if ranks < 2:
+            raise ValueError(f"ranks N={ranks!r}: a collective needs at least 2 ranks; allowed: "
+                             f"a whole number from 2 to {validate.show(validate.MAX_RANKS)}")
         if c["link"].value == CUSTOM:
             bw = validate.positive("custom bandwidth (GB/s per direction)",
-                                   c["bandwidth_gbs"].value) * 1e9
-            lat = validate.non_negative("custom latency (µs)", c["latency_us"].value) * 1e-6
+                                   c["bandwidth_gbs"].value, LIMITS["bandwidth_gbs"]) * 1e9
+            lat = validate.non_negative("custom latency (µs)", c["latency_us"].value,
+                                        LIMITS["latency_us"]) * 1e-6
         else:
             link = LINKS[c["link"].value]
             bw, lat = link.bandwidth, link.latency
@@ -111,7 +116,7 @@ class CommCalculator(Calculator):
         try:
             kw = self.inputs()
             t = collective_time(**kw)
-            t_lat = collective_time(**{**kw, "bandwidth": 1e300})       # the alpha term alone
+            t_lat = collective_time(**{**kw, "nbytes": 0.0})            # the alpha term alone
             t_bw = collective_time(**{**kw, "latency": 0.0})            # the beta term alone
             cross = crossover_bytes(kw["op"], kw["world_size"], kw["bandwidth"], kw["latency"],
                                     kw["algorithm"])
@@ -121,11 +126,11 @@ class CommCalculator(Calculator):
         except ValueError as exc:
             self.time, self.error = None, str(exc)
             self.result.value = error_html(exc)
-            self.figure.value = b""
+            self.show_figure(None)
             return
         self.time, self.error = t, None
         self.result.value = self._result_html(kw, t, t_lat, t_bw, cross)
-        self.figure.value = png_bytes(fig)
+        self.show_figure(png_bytes(fig))
 
     # ---- views ---------------------------------------------------------------------------
     def _title(self, kw) -> str:

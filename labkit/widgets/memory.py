@@ -4,12 +4,20 @@ a batch, ZeRO and dp/tp/pp degrees, and whether it fits on a GPU.
     >>> from labkit.widgets.memory import MemoryCalculator
     >>> calc = MemoryCalculator()          # in a notebook, the last line `calc` displays it
     >>> calc.controls["zero_stage"].value = 3          # what a test does instead of clicking
+    >>> calc.controls["dp"].value = "8"                # typed fields hold text
     >>> calc.verdict.value, calc.breakdown.value, calc.figure.value    # HTML, HTML, PNG bytes
 
 It is a thin view over `labkit.memory.estimate_memory`: it holds no formula, recomputes when any
 control changes, and keeps every result in a widget trait (`verdict.value`, `breakdown.value`,
-`figure.value`), never in printed output. `calc.estimate` is the last `MemoryEstimate` (None
-while the input is invalid) and `calc.error` the message shown instead (None when valid).
+`figure.value`, `note.value`), never in printed output. `calc.estimate` is the last
+`MemoryEstimate` (None while the input is invalid) and `calc.error` the message shown instead
+(None when valid).
+
+Whole numbers that can be anything (micro-batch, micro-batches, dp, the custom shape) are typed
+into text fields, and anything but digits gets a message; the degrees with few valid values are
+picked: tp from the divisors of the model's heads (and KV heads and MLP width), pp from 1 to its
+layers, the ZeRO stage from 0-3. When a new model cannot take the tp, pp or sequence length
+chosen, the calculator moves it to the nearest value that works and says so in `note`.
 """
 from __future__ import annotations
 
@@ -18,21 +26,45 @@ import html
 import ipywidgets as widgets
 
 from labkit.hardware import GPUS
-from labkit.memory import OPTIMIZERS, PRECISIONS, RECOMPUTE, ZERO_STAGES, estimate_memory
-from labkit.models import PRESETS, ModelSpec
-from labkit.plots import GB, fmt_bytes, png_bytes
+from labkit.memory import (OPTIMIZERS, PRECISIONS, RECOMPUTE, ZERO_STAGES, estimate_memory,
+                           tp_degrees, tp_splits)
+from labkit.models import PRESETS, ModelSpec, get_model
+from labkit.plots import GB, fmt_bytes, fmt_count, png_bytes
 from labkit.plots.memory import memory_bars
-from labkit.widgets import Calculator, error_html, table_html
+from labkit.widgets import Calculator, error_html, int_field, row, table_html
 
 CUSTOM = "custom"
 SEQ_LENS = [2**k for k in range(7, 18)]          # 128 ... 131072 tokens
+MAX_PP_CHOICES = 128                             # pp offered: 1 to min(layers, this)
 # Custom shape fields -> (ModelSpec field, default: Llama-2-7B's shape).
 CUSTOM_FIELDS = {
     "layers": ("num_layers", 32), "hidden": ("hidden_size", 4096), "heads": ("num_heads", 32),
     "kv_heads": ("num_kv_heads", 32), "ffn": ("ffn_size", 11008), "vocab": ("vocab_size", 32000),
 }
+TYPED = ("batch_size", "microbatches", "dp")     # typed whole numbers besides the custom shape
 _TERM_NAMES = {"params": "weights", "grads": "gradients", "optimizer_states": "optimizer states",
                "activations": "activations"}
+_SPLIT_NAMES = {"num_heads": "{:,} attention heads", "num_kv_heads": "{:,} KV heads",
+                "ffn_size": "an MLP width of {:,}"}
+
+
+def _or(values) -> str:
+    values = [str(v) for v in values]
+    return values[0] if len(values) == 1 else f"{', '.join(values[:-1])} or {values[-1]}"
+
+
+def _pick(description, options, value, width="250px", **style):
+    """A dropdown (options: values or (label, value)) or, with button_width, toggle buttons."""
+    style = {"description_width": "100px", **style}
+    if "button_width" in style:
+        # ipywidgets 8 puts a ToggleButtons' label on a line of its own; laid out as the other
+        # labelled controls are (a row, the label right-aligned), it sits beside its buttons.
+        toggles = widgets.ToggleButtons(options=options, value=value, description=description,
+                                        style=style, layout=widgets.Layout(width=width))
+        toggles.add_class("widget-inline-hbox")
+        return toggles
+    return widgets.Dropdown(options=options, value=value, description=description, style=style,
+                            layout=widgets.Layout(width=width))
 
 
 class MemoryCalculator(Calculator):
@@ -43,99 +75,156 @@ class MemoryCalculator(Calculator):
     """
 
     def __init__(self, **initial):
-        style = {"description_width": "110px"}
-        wide = widgets.Layout(width="380px")
-        presets = [(f"{k} ({PRESETS[k].num_params() / 1e9:.2f}B params)", k) for k in PRESETS]
+        presets = [(f"{k} ({fmt_count(PRESETS[k].num_params())} params)", k) for k in PRESETS]
         c = {
-            "model": widgets.Dropdown(options=presets + [("custom shape (Llama-style)", CUSTOM)],
-                                      value="llama2-7b", description="model", style=style,
-                                      layout=wide),
-            "precision": widgets.Dropdown(options=list(PRECISIONS), value="bf16-mixed",
-                                          description="precision", style=style, layout=wide),
-            "optimizer": widgets.Dropdown(options=list(OPTIMIZERS), value="adamw",
-                                          description="optimizer", style=style, layout=wide),
-            "batch_size": widgets.IntSlider(value=1, min=1, max=64, description="micro-batch",
-                                            continuous_update=False, style=style, layout=wide),
-            "seq_len": widgets.SelectionSlider(options=SEQ_LENS, value=4096,
-                                               description="seq length",
-                                               continuous_update=False, style=style, layout=wide),
-            "recompute": widgets.ToggleButtons(options=list(RECOMPUTE), value="none",
-                                               description="recompute", style=style),
-            "zero_stage": widgets.ToggleButtons(options=list(ZERO_STAGES), value=0,
-                                                description="ZeRO stage", style=style),
-            # dp is typed (any whole number: 24, 96, 1536 are all common); tp and pp slide.
-            "dp": widgets.IntText(value=1, description="dp", style=style, layout=wide),
-            "tp": widgets.IntSlider(value=1, min=1, max=16, description="tp",
-                                    continuous_update=False, style=style, layout=wide),
-            "pp": widgets.IntSlider(value=1, min=1, max=32, description="pp",
-                                    continuous_update=False, style=style, layout=wide),
-            "microbatches": widgets.IntSlider(value=1, min=1, max=64,
-                                              description="micro-batches",
-                                              continuous_update=False, style=style,
-                                              layout=wide),
+            "model": _pick("model", presets + [("custom shape (Llama-style)", CUSTOM)],
+                           "llama2-7b", width="420px"),
+            "gpu": _pick("GPU", [(g.name, k) for k, g in GPUS.items()], "h100-sxm",
+                         width="380px"),
+            "precision": _pick("precision", list(PRECISIONS), "bf16-mixed"),
+            "optimizer": _pick("optimizer", list(OPTIMIZERS), "adamw"),
+            "recompute": _pick("recompute", list(RECOMPUTE), "none", width="380px",
+                               button_width="78px"),
+            "batch_size": int_field("micro-batch", 1),
+            "seq_len": _pick("seq length", [(f"{s:,}", s) for s in SEQ_LENS], 4096),
+            "microbatches": int_field("micro-batches", 1),
+            "dp": int_field("dp", 1),
+            "tp": _pick("tp", tp_degrees("llama2-7b"), 1),
+            "pp": _pick("pp", self._pp_choices(get_model("llama2-7b")), 1),
+            "zero_stage": _pick("ZeRO stage", list(ZERO_STAGES), 0, width="340px",
+                                button_width="48px"),
             "sequence_parallel": widgets.Checkbox(value=False, description="sequence parallel",
-                                                  indent=False),
-            "gpu": widgets.Dropdown(options=[(g.name, k) for k, g in GPUS.items()],
-                                    value="h100-sxm", description="GPU", style=style,
-                                    layout=wide),
+                                                  indent=False,
+                                                  layout=widgets.Layout(width="180px")),
         }
-        for name, (field, default) in CUSTOM_FIELDS.items():
-            c[name] = widgets.IntText(value=default, description=name,
-                                      style={"description_width": "60px"},
-                                      layout=widgets.Layout(width="190px"))
+        for name, (_, default) in CUSTOM_FIELDS.items():
+            c[name] = int_field(name, default, width="190px", description_width="62px")
         self.controls: dict[str, widgets.Widget] = c
-        self._set_initial(initial)
-
+        self._holding = False
+        self.note = widgets.HTML()
         self.verdict = widgets.HTML()
         self.breakdown = widgets.HTML()
         self.figure = widgets.Image(format="png", layout=widgets.Layout(width="640px"))
         self.estimate = None
         self.error: str | None = None
 
-        self._custom_box = widgets.HBox([c[n] for n in CUSTOM_FIELDS])
-        left = widgets.VBox([c["model"], self._custom_box, c["precision"], c["optimizer"],
-                             c["batch_size"], c["seq_len"], c["recompute"]])
-        right = widgets.VBox([c["zero_stage"], c["dp"], c["tp"], c["pp"], c["microbatches"],
-                              c["sequence_parallel"], c["gpu"]])
-        self.widget = widgets.VBox([widgets.HBox([left, right]), self.verdict, self.figure,
+        # The model (and a custom shape) first: they decide which tp and pp are offered.
+        shape = {k: v for k, v in initial.items() if k == "model" or k in CUSTOM_FIELDS}
+        self._set_initial(shape)
+        self._fit_to_model(keep_seq="seq_len" in initial)
+        self._set_initial({k: v for k, v in initial.items() if k not in shape})
+        self.note.value = ""
+
+        self._custom_box = row([c[n] for n in CUSTOM_FIELDS])
+        controls = widgets.VBox([
+            row([c["model"], c["gpu"]]), self._custom_box,
+            row([c["precision"], c["optimizer"], c["recompute"]]),
+            row([c["batch_size"], c["seq_len"], c["microbatches"]]),
+            row([c["dp"], c["tp"], c["pp"]]),
+            row([c["zero_stage"], c["sequence_parallel"]]),
+        ])
+        self.widget = widgets.VBox([controls, self.note, self.verdict, self.figure,
                                     self.breakdown])
-        # Registered first so it runs before the recompute: picking GPT-2 (1024 learned
-        # positions) while 4096 tokens are selected moves the sequence to 1024 instead of
-        # greeting the learner with an error for a choice they did not make.
-        c["model"].observe(self._fit_seq_len, names="value")
         self._watch()
-        if "seq_len" not in initial:
-            self._fit_seq_len()
         self.update()
 
-    def _fit_seq_len(self, change=None) -> None:
-        """Lower the sequence length to the model's context when the model has learned
-        positions (GPT-2); a typed-in or slid-to value stays checked by estimate_memory."""
-        name = self.controls["model"].value
-        spec = PRESETS.get(name)
-        seq = self.controls["seq_len"]
-        if spec is not None and spec.learned_positions and seq.value > spec.max_seq_len:
-            seq.value = max(s for s in SEQ_LENS if s <= spec.max_seq_len)
-
     # ---- what the controls say ---------------------------------------------------------
-    def model(self):
+    def _typed(self) -> dict[str, int]:
+        names = list(TYPED)
+        if self.controls["model"].value == CUSTOM:
+            names += list(CUSTOM_FIELDS)
+        return self.read_ints(names)
+
+    def model(self, typed: dict | None = None):
         """The model the controls describe: a preset name, or a Llama-style ModelSpec built from
         the custom fields (ValueError if they do not make a model)."""
         c = self.controls
         if c["model"].value != CUSTOM:
             return c["model"].value
-        fields = {field: c[name].value for name, (field, _) in CUSTOM_FIELDS.items()}
+        typed = self._typed() if typed is None else typed
+        fields = {field: typed[name] for name, (field, _) in CUSTOM_FIELDS.items()}
         return ModelSpec(name="custom", arch="llama", max_seq_len=max(SEQ_LENS), **fields)
 
     def inputs(self) -> dict:
-        """The keyword arguments this calculator passes to `estimate_memory`."""
+        """The keyword arguments this calculator passes to `estimate_memory` (ValueError naming
+        every typed field that is not a whole number)."""
         c = self.controls
-        return dict(model=self.model(), batch_size=c["batch_size"].value,
+        typed = self._typed()
+        return dict(model=self.model(typed), batch_size=typed["batch_size"],
                     seq_len=c["seq_len"].value, precision=c["precision"].value,
                     optimizer=c["optimizer"].value, zero_stage=c["zero_stage"].value,
-                    dp=c["dp"].value, tp=c["tp"].value, pp=c["pp"].value,
+                    dp=typed["dp"], tp=c["tp"].value, pp=c["pp"].value,
                     sequence_parallel=c["sequence_parallel"].value,
-                    recompute=c["recompute"].value, microbatches=c["microbatches"].value)
+                    recompute=c["recompute"].value, microbatches=typed["microbatches"])
+
+    # ---- following the model -------------------------------------------------------------
+    def _fit_to_model(self, keep_seq: bool = False) -> None:
+        """Offer the tp and pp that work for the chosen model, and move a choice it cannot take
+        (tp not dividing its heads, pp above its layers, a sequence longer than GPT-2's learned
+        positions) to the nearest one that works, saying so in `note`: the learner is not
+        greeted with an error for a choice they did not make."""
+        try:
+            spec = get_model(self.model())
+        except ValueError:
+            return                       # a custom shape that is no model: update() says why
+        notes = []
+        self._holding = True             # one recompute afterwards, not one per change
+        try:
+            notes += self._offer("tp", tp_degrees(spec),
+                                 lambda old: self._tp_message(spec, old))
+            notes += self._offer("pp", self._pp_choices(spec),
+                                 lambda old: self._pp_message(spec, old))
+            seq = self.controls["seq_len"]
+            if not keep_seq and spec.learned_positions and seq.value > spec.max_seq_len:
+                seq.value = max(s for s in SEQ_LENS if s <= spec.max_seq_len)
+                notes.append(f"{spec.name} has {spec.max_seq_len:,} learned positions; "
+                             f"seq length is now {seq.value:,}")
+        finally:
+            self._holding = False
+        self.note.value = "".join(f'<div class="labkit-note">{html.escape(n)}.</div>'
+                                  for n in notes)
+
+    def _offer(self, name: str, allowed: list, why) -> list[str]:
+        w = self.controls[name]
+        old = w.value
+        if tuple(w.options) != tuple(allowed):
+            w.options = allowed          # ipywidgets selects the first option; put `old` back
+        w.value = old if old in allowed else max(v for v in allowed if v <= old)
+        return [] if w.value == old else [f"{why(old)}; {name} is now {w.value}"]
+
+    @staticmethod
+    def _tp_message(spec, tp) -> str:
+        """'tp=3 does not divide 32 attention heads; try 1, 2, 4, 8, 16 or 32'."""
+        what, count = next((k, n) for k, n in tp_splits(spec).items() if n % tp)
+        return (f"tp={tp} does not divide {_SPLIT_NAMES[what].format(count)}; try "
+                f"{_or(tp_degrees(spec))}")
+
+    @staticmethod
+    def _pp_choices(spec) -> list[int]:
+        return list(range(1, min(spec.num_layers, MAX_PP_CHOICES) + 1))
+
+    @classmethod
+    def _pp_message(cls, spec, pp) -> str:
+        most = cls._pp_choices(spec)[-1]
+        why = (f"is more than the {most} layers of {spec.name}" if most == spec.num_layers
+               else f"is more than the {most} stages this calculator offers")
+        return f"pp={pp} {why}; try 1 to {most}"
+
+    def _not_offered(self, name, value) -> str:
+        if name in ("tp", "pp") and isinstance(value, int) and value >= 1:
+            spec = get_model(self.model())
+            return (self._tp_message if name == "tp" else self._pp_message)(spec, value)
+        return super()._not_offered(name, value)
+
+    def _on_change(self, change) -> None:
+        if self._holding:
+            return
+        if change["owner"] is self.controls["model"] or change["owner"] in [
+                self.controls[n] for n in CUSTOM_FIELDS]:
+            self._fit_to_model()
+        else:
+            self.note.value = ""
+        self.update()
 
     # ---- recomputing -------------------------------------------------------------------
     def update(self) -> None:
@@ -152,7 +241,7 @@ class MemoryCalculator(Calculator):
             self.estimate, self.error = None, str(exc)
             self.verdict.value = error_html(exc)
             self.breakdown.value = ""
-            self.figure.value = b""
+            self.show_figure(None)
             return
         gpu = GPUS[c["gpu"].value]
         self.estimate, self.error = est, None
@@ -162,7 +251,7 @@ class MemoryCalculator(Calculator):
                           capacity_label=f"{gpu.name}: {gpu.memory / GB:,.0f} GB",
                           highlight=f"ZeRO-{kwargs['zero_stage']}",
                           title=self._title(kwargs))
-        self.figure.value = png_bytes(fig)
+        self.show_figure(png_bytes(fig))
 
     # ---- views ---------------------------------------------------------------------------
     @staticmethod
@@ -195,7 +284,9 @@ class MemoryCalculator(Calculator):
                 for k in ("params", "grads", "optimizer_states", "activations")]
         rows.append(("total", f"{est.total / GB:,.2f}", f"{est.total / 2**30:,.2f}",
                      est.explain.get("total", "")))
+        spec = get_model(kw["model"])
         gpus = kw["dp"] * kw["tp"] * kw["pp"]
-        head = (f"<p>Per GPU, {gpus:,} GPU(s) in all (dp={kw['dp']} x tp={kw['tp']} x "
-                f"pp={kw['pp']}). GB = 10<sup>9</sup> bytes, GiB = 2<sup>30</sup> bytes.</p>")
+        head = (f"<p>{html.escape(spec.name)}: {fmt_count(spec.num_params())} parameters. Per "
+                f"GPU, {gpus:,} GPU(s) in all (dp={kw['dp']} x tp={kw['tp']} x pp={kw['pp']}). "
+                "GB = 10<sup>9</sup> bytes, GiB = 2<sup>30</sup> bytes.</p>")
         return head + table_html(rows, header=("term", "GB", "GiB", "where it comes from"))

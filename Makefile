@@ -3,6 +3,8 @@
 #   make test   set up (first time only) and run every test that needs no GPU
 # Set-up: a virtual environment in .venv, torch pinned and installed first (so nothing pulls
 # an unpinned torch with gigabytes of CUDA packages), then labkit editable with its dev extras.
+# tools/torch_install.py picks the build: the CPU wheel on Linux without an NVIDIA GPU, the CUDA
+# build with one (TORCH_INDEX_URL=URL, or =default for pip's own index, overrides it).
 # It re-runs only when pyproject.toml or this Makefile changed.
 
 PYTHON ?= python3
@@ -15,11 +17,12 @@ TORCH_PIN := torch==2.13.0
 WORKERS ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: lab test setup bench doctor exercises test-fast test-gpu clean help
+.PHONY: lab test setup grade bench doctor exercises test-fast test-gpu clean help
 
 help:
 	@echo "make lab        set up and open the course in JupyterLab"
 	@echo "make test       set up and run every test tier that needs no GPU"
+	@echo "make grade NB=exercises/01_memory_math.ipynb   grade an exercise notebook"
 	@echo "make bench      benchmarks that print figures (launcher, collectives)"
 	@echo "make doctor     is this machine ready for the course?"
 	@echo "make exercises  regenerate exercises/ from solutions/"
@@ -30,7 +33,7 @@ $(PY):
 
 $(STAMP): pyproject.toml Makefile | $(PY)
 	@echo ">> installing $(TORCH_PIN), then labkit[dev] into $(VENV)"
-	$(PY) -m pip install --disable-pip-version-check "$(TORCH_PIN)"
+	$(PY) tools/torch_install.py "$(TORCH_PIN)"
 	$(PY) -m pip install --disable-pip-version-check -e ".[dev]"
 	@touch $(STAMP)
 
@@ -38,6 +41,13 @@ setup: $(STAMP)
 
 lab: setup
 	$(PY) -m labkit course
+
+# `labkit` is on the PATH in JupyterLab's terminals (and after `source .venv/bin/activate`);
+# this target works from any shell in the checkout.
+grade:
+	@test -n "$(NB)" || { echo "make grade: NB is missing; e.g. make grade NB=exercises/01_memory_math.ipynb" >&2; exit 2; }
+	@$(MAKE) --no-print-directory setup
+	$(PY) -m labkit grade "$(NB)"
 
 doctor: setup
 	$(PY) -m labkit doctor

@@ -65,9 +65,11 @@ def test_topology_is_shown_when_nvidia_smi_exists(tmp_path, monkeypatch):
     assert check.status == "ok" and "NV18" in check.detail
 
 
-def test_bad_nproc_is_refused(capsys):
+def test_bad_nproc_is_refused_on_stderr(capsys):
     assert doctor_cmd.run(_args(nproc=1)) == 2
-    assert "at least 2 ranks" in capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "labkit doctor: --nproc=1 is too small; a collective needs at least 2 ranks" in err
+    assert out == ""
 
 
 @pytest.mark.multirank

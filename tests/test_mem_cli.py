@@ -45,3 +45,50 @@ def test_unknown_preset_and_gpu(capsys):
     assert "not a known preset" in capsys.readouterr().err
     assert main(["mem", "gpt2", "--gpu", "v100"]) == 2
     assert "gpu='v100'" in capsys.readouterr().err
+
+
+def _fixes(out: str) -> list[tuple[list[str], float]]:
+    """The changes `labkit mem` proposes, as (flags, GB), from its output."""
+    lines = out.split("it fits on", 1)[1].splitlines()[1:] if "it fits on" in out else []
+    return [(line.rsplit(None, 2)[0].split(), float(line.rsplit(None, 2)[1])) for line in lines if line.strip()]
+
+
+def test_readme_example_says_what_would_make_it_fit(capsys):
+    """The README's own example does not fit; recomputation is the lever it must name, with the
+    total that change gives, and every change it proposes really fits."""
+    from labkit.hardware import GB
+    from labkit.memory import estimate_memory
+
+    base = ["mem", "llama2-70b", "--zero", "3", "--dp", "64"]
+    assert main(base) == 0
+    fixes = _fixes(capsys.readouterr().out)
+    assert fixes and fixes[0][0] == ["--recompute", "full"], fixes
+    full = estimate_memory("llama2-70b", zero_stage=3, dp=64, recompute="full")
+    assert fixes[0][1] == round(full.total / GB, 2)
+    for flags, _ in fixes:
+        assert main(base + flags) == 0
+        assert "fits on NVIDIA H100 SXM 80GB" in capsys.readouterr().out, flags
+    # the smallest step: selective recomputation is not enough, so it is not proposed
+    assert main(base + ["--recompute", "selective"]) == 0
+    assert "does NOT fit" in capsys.readouterr().out
+
+
+def test_two_changes_when_one_is_not_enough(capsys):
+    assert main(["mem", "llama2-70b"]) == 0
+    fixes = _fixes(capsys.readouterr().out)
+    assert fixes and all(sum(f.startswith("--") for f in flags) >= 2 for flags, _ in fixes), fixes
+    for flags, _ in fixes:
+        assert main(["mem", "llama2-70b", *flags]) == 0
+        assert "fits on" in capsys.readouterr().out, flags
+
+
+def test_no_fix_is_said_plainly(capsys):
+    assert main(["mem", "1e13"]) == 0
+    out = capsys.readouterr().out
+    assert "does NOT fit" in out and "no change of one or two levers" in out and "it fits on" not in out
+
+
+def test_sequence_parallel_needs_tensor_parallelism(capsys):
+    assert main(["mem", "llama2-7b", "--sequence-parallel"]) == 2
+    assert "--sequence-parallel needs --tp > 1" in capsys.readouterr().err
+    assert main(["mem", "llama2-7b", "--sequence-parallel", "--tp", "2"]) == 0

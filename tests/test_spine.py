@@ -136,3 +136,14 @@ def test_pip_install_in_an_env_with_torch_installs_nothing_else():
     assert r.returncode == 0, r.stderr[-2000:]
     would = [line for line in r.stdout.splitlines() if line.startswith("Would install")]
     assert would and "torch" not in would[0], would
+
+
+def test_cpu_index_is_the_same_in_the_set_up_script_environment_yml_and_readme():
+    """A conda user and a README reader get the CPU build from the index `make lab` uses."""
+    script = (ROOT / "tools" / "torch_install.py").read_text()
+    index = re.search(r'^CPU_INDEX = "(\S+)"', script, re.M).group(1)
+    env = (ROOT / "environment.yml").read_text()
+    assert f"PIP_EXTRA_INDEX_URL={index} conda env create -f environment.yml" in env
+    readme = (ROOT / "README.md").read_text()
+    assert f"PIP_EXTRA_INDEX_URL={index}" in readme and f"--index-url {index} torch==" in readme
+    assert "tools/torch_install.py" in (ROOT / "Makefile").read_text()

@@ -14,6 +14,8 @@ import argparse
 import importlib
 import sys
 
+from labkit import __version__
+
 # name -> (module under labkit.cli, one-line help)
 COMMANDS = {
     "doctor": ("doctor", "check that this machine is ready for the course (--json for scripts)"),
@@ -34,6 +36,7 @@ def build_parser(commands: list[str] | None = None) -> argparse.ArgumentParser:
         prog="labkit",
         description="The Distributed Training Lab: calculators, labs and grading.",
     )
+    parser.add_argument("--version", action="version", version=f"labkit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)

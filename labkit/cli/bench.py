@@ -28,9 +28,23 @@ def _discover() -> dict[str, tuple[Callable[[list[str]], int] | str, str]]:
     found: dict = {}
     for mod in pkgutil.iter_modules(labkit.cli.__path__):
         if mod.name.startswith("bench_"):
-            found[mod.name[len("bench_"):]] = (f"labkit.cli.{mod.name}", "")
+            found[mod.name[len("bench_"):]] = (f"labkit.cli.{mod.name}", _first_line(mod))
     found.update(_REGISTRY)
     return dict(sorted(found.items()))
+
+
+def _first_line(mod) -> str:
+    """A benchmark module's help: its docstring's first line, read without importing it (the
+    benchmarks import torch)."""
+    import ast
+    from pathlib import Path
+
+    try:
+        source = Path(mod.module_finder.find_spec(mod.name).origin).read_text(encoding="utf-8")
+        doc = ast.get_docstring(ast.parse(source)) or ""
+    except (OSError, SyntaxError, AttributeError):
+        return ""
+    return doc.strip().splitlines()[0] if doc.strip() else ""
 
 
 def benchmarks() -> dict[str, Callable[[list[str]], int]]:
@@ -45,13 +59,20 @@ def benchmarks() -> dict[str, Callable[[list[str]], int]]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     names = ", ".join(_discover()) or "none"
-    parser.add_argument("name", help=f"a benchmark ({names}) or 'all'")
+    parser.add_argument("name", nargs="?", default=None,
+                        help=f"a benchmark ({names}) or 'all'; none: list the benchmarks")
     parser.add_argument("bench_args", nargs=argparse.REMAINDER,
                         help="arguments for the benchmark (after --)")
 
 
 def run(args) -> int:
     available = _discover()
+    if args.name is None:
+        print("benchmarks (labkit bench NAME [-- ARGS], or labkit bench all):")
+        width = max((len(n) for n in available), default=0)
+        for name, (_target, help_) in available.items():
+            print(f"  {name:<{width}}  {help_}")
+        return 0
     argv = [a for a in args.bench_args if a != "--"]
     if args.name != "all" and args.name not in available:
         print(f"labkit bench: unknown benchmark {args.name!r}; allowed: "

@@ -1,22 +1,57 @@
-"""`labkit course`: JupyterLab on the course, bound to 127.0.0.1 with a token (what `make lab` runs)."""
+"""`labkit course`: JupyterLab on the course, bound to 127.0.0.1 with a token (what `make lab` runs).
+
+The server opens (and prints the URL of) the welcome notebook, not the Launcher. It runs with
+this environment first on the PATH, so `labkit` and `python` work in its notebooks (`!labkit ...`)
+and in the terminals it opens, whatever the learner's ~/.bashrc puts in front. A configuration
+directory of its own, on JUPYTER_CONFIG_PATH for this server only and removed when it stops,
+carries the settings defaults below and the terminals' shell; the learner's own Jupyter
+settings are never written.
+"""
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
+import urllib.parse
+from pathlib import Path
 
 from labkit.course.outline import repo_root
 
+WELCOME = "notebooks/00_welcome.ipynb"
+# Settings defaults for this server only (a learner's own choice still wins): no "Would you like
+# to get notified about official Jupyter news?" pop-up, no update check.
+SETTING_DEFAULTS = {
+    "@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False},
+}
+
+
+def port_number(text: str) -> int:
+    """argparse type for --port: an integer from 0 (a free port) to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = None
+    if port is None or not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"--port={text} is not a port; allowed: 0 (any free port) to 65535")
+    return port
+
 
 def lab_command(port: int | None = None, token: str | None = None, open_browser: bool = True,
-                notebook: str = "notebooks/00_welcome.ipynb") -> list[str]:
+                notebook: str = WELCOME) -> list[str]:
     """The JupyterLab command `make lab` runs: bound to 127.0.0.1 (never to the network), token
-    authentication on, serving the checkout, opening the welcome notebook."""
+    authentication on, serving the checkout, opening `notebook` (its URL is the one printed)."""
     root = repo_root()
     cmd = [sys.executable, "-m", "jupyterlab", notebook,
            f"--ServerApp.root_dir={root}", "--ServerApp.ip=127.0.0.1",
            f"--ServerApp.port={port if port is not None else 8888}",
-           f"--ServerApp.open_browser={bool(open_browser)}"]
+           f"--ServerApp.open_browser={bool(open_browser)}",
+           f"--LabApp.default_url=/lab/tree/{urllib.parse.quote(notebook)}"]
     if token is not None:
         cmd.append(f"--IdentityProvider.token={token}")
     if hasattr(os, "geteuid") and os.geteuid() == 0:
@@ -24,8 +59,46 @@ def lab_command(port: int | None = None, token: str | None = None, open_browser:
     return cmd
 
 
+def env_bin() -> str:
+    """The bin directory of the environment labkit runs in (.venv/bin after `make lab`)."""
+    return os.path.dirname(sys.executable)
+
+
+def lab_env(config_dir: str | os.PathLike, base: dict | None = None) -> dict[str, str]:
+    """The server's environment: this environment's bin first on PATH, VIRTUAL_ENV set when it
+    is a virtual environment, and `config_dir` first on JUPYTER_CONFIG_PATH."""
+    env = dict(os.environ if base is None else base)
+    rest = [p for p in env.get("PATH", os.defpath).split(os.pathsep) if p and p != env_bin()]
+    env["PATH"] = os.pathsep.join([env_bin(), *rest])
+    if sys.prefix != sys.base_prefix:
+        env["VIRTUAL_ENV"] = sys.prefix
+    env["JUPYTER_CONFIG_PATH"] = os.pathsep.join(
+        p for p in (str(config_dir), env.get("JUPYTER_CONFIG_PATH")) if p)
+    return env
+
+
+def write_config(config_dir: str | os.PathLike, env: dict | None = None) -> None:
+    """The course server's Jupyter configuration: settings defaults (labconfig) and, for its
+    terminals, a shell started without `-l` (a login shell's /etc/profile resets PATH); bash
+    reads the learner's ~/.bashrc and then puts this environment's bin first again."""
+    env = os.environ if env is None else env
+    root = Path(config_dir)
+    (root / "labconfig").mkdir(parents=True, exist_ok=True)
+    (root / "labconfig" / "default_setting_overrides.json").write_text(json.dumps(SETTING_DEFAULTS))
+    shell = env.get("SHELL") or shutil.which("bash") or "sh"
+    command = [shell]
+    if os.path.basename(shell) == "bash":
+        rc = root / "bashrc"
+        rc.write_text("# written by `labkit course`: your ~/.bashrc, then the course's environment first\n"
+                      'if [ -f "$HOME/.bashrc" ]; then . "$HOME/.bashrc"; fi\n'
+                      f'export PATH={shlex.quote(env_bin())}:"$PATH"\n')
+        command += ["--rcfile", str(rc)]
+    server = {"ServerApp": {"terminado_settings": {"shell_command": command}}}
+    (root / "jupyter_server_config.json").write_text(json.dumps(server, indent=1))
+
+
 def add_arguments(parser) -> None:
-    parser.add_argument("--port", type=int, default=8888,
+    parser.add_argument("--port", type=port_number, default=8888,
                         help="port to serve on (default 8888; Jupyter tries the next ones if busy; 0 picks a free one)")
     parser.add_argument("--token", default=None,
                         help="token to require (default: Jupyter makes a random one and prints the URL with it)")
@@ -34,9 +107,19 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     cmd = lab_command(port=args.port, token=args.token, open_browser=not args.no_browser)
-    print("Starting JupyterLab on the course (127.0.0.1 only). Open the URL with the token that it prints;")
-    print("stop it with Ctrl-C.", flush=True)
-    try:
-        return subprocess.call(cmd, cwd=repo_root())
-    except KeyboardInterrupt:
-        return 0
+    print(f"Starting JupyterLab on the course (127.0.0.1 only): open the URL it prints, {WELCOME}")
+    print("with its token. `labkit` works in its terminals (File > New > Terminal). Stop it with Ctrl-C.",
+          flush=True)
+    with tempfile.TemporaryDirectory(prefix="labkit-course-") as config_dir:
+        write_config(config_dir)
+        proc = subprocess.Popen(cmd, cwd=repo_root(), env=lab_env(config_dir))
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            proc.terminate()      # Jupyter shuts its kernels and terminals down on SIGTERM
+            try:
+                proc.wait(timeout=30)
+            except (subprocess.TimeoutExpired, KeyboardInterrupt):
+                proc.kill()
+                proc.wait()
+            return 0

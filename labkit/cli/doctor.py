@@ -3,6 +3,7 @@ Exit code 0 when ready, 1 when a piece is missing (each listed with how to fix i
 from __future__ import annotations
 
 import json
+import sys
 
 
 def add_arguments(parser) -> None:
@@ -16,7 +17,8 @@ def run(args) -> int:
     from labkit.course.doctor import run_checks
 
     if args.nproc < 2:
-        print(f"labkit doctor: --nproc={args.nproc} is too small; a collective needs at least 2 ranks")
+        print(f"labkit doctor: --nproc={args.nproc} is too small; a collective needs at least 2 ranks",
+              file=sys.stderr)
         return 2
     report = run_checks(launch=not args.no_launch, nproc=args.nproc, timeout=args.timeout)
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.text())

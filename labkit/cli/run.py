@@ -49,12 +49,25 @@ def _split(args) -> list[str]:
     if "--" in rest:
         i = rest.index("--")
         rest, after = rest[:i], rest[i + 1:]
-    late = argparse.ArgumentParser(add_help=False)
+    # Its errors read like the command's own: "usage: labkit run ..." (not the script's name).
+    full = argparse.ArgumentParser(prog="labkit run")
+    add_arguments(full)
+    late = argparse.ArgumentParser(prog="labkit run", usage=full.format_usage()[len("usage: "):],
+                                   add_help=False)
     _add_options(late, default=argparse.SUPPRESS)
     known, unknown = late.parse_known_args(rest)
     for key, value in vars(known).items():
         setattr(args, key, value)
     return unknown + after
+
+
+def _check_nodes(nnodes: int, node_rank: int | None) -> None:
+    from labkit.validate import positive_int
+
+    nnodes = positive_int("--nnodes", nnodes)
+    if node_rank is not None and not 0 <= node_rank < nnodes:
+        raise ValueError(f"--node-rank={node_rank} is not a node of --nnodes={nnodes}; allowed: "
+                         + ("0" if nnodes == 1 else f"0 to {nnodes - 1}"))
 
 
 def run(args) -> int:
@@ -65,6 +78,7 @@ def run(args) -> int:
     if rdzv_id is None and args.nnodes > 1:
         rdzv_id = "labkit-" + "".join(c if c.isalnum() else "-" for c in args.lab)
     try:
+        _check_nodes(args.nnodes, args.node_rank)
         result = run_lab(args.lab, nproc=args.nproc, args=lab_args,
                          timeout=args.timeout or None, nnodes=args.nnodes,
                          node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,

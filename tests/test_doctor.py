@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from labkit.course import doctor
+from labkit.runtime import system
 from labkit.cli import doctor as doctor_cmd
 
 EXPECTED = ["python", "torch", "gpus", "gpu topology", "gloo", "nccl", "cpu cores", "ram",
@@ -77,6 +78,43 @@ def test_two_ranks_start_and_all_reduce():
     check = doctor.check_launch(nproc=2, timeout=120)
     assert check.status == "ok", check.detail
     assert check.data["seconds"] > 0 and check.data["backend"] == "gloo"
+    # torchrun's rendezvous store binds every interface (issue 11, point 3): the doctor says so
+    listens = [tuple(s) for s in check.data["launcher_listens"]]
+    assert listens, "the hello lab reports what torchrun listens on"
+    ports = doctor.check_exposure(check)
+    if system.exposed(listens):
+        assert ports.status == "warn" and "every interface" in ports.detail and ports.fix
+        assert "what to do:" in doctor.Report([ports]).text()
+    else:                                    # a launcher that keeps to loopback (issue 12)
+        assert ports.status == "ok"
+
+
+def test_exposure_check_reads_what_the_launch_saw():
+    from labkit.course.doctor import Check
+    seen = Check("2-rank launch", "ok", "", data={"launcher_listens": [["::", 4000], ["127.0.0.1", 4001]]})
+    warn = doctor.check_exposure(seen)
+    assert warn.status == "warn" and "[::]:4000" in warn.detail and "4001" not in warn.detail
+    quiet = Check("2-rank launch", "ok", "", data={"launcher_listens": [["127.0.0.1", 4001], ["::1", 4002]]})
+    assert doctor.check_exposure(quiet).status == "ok"
+    assert doctor.check_exposure(Check("2-rank launch", "fail", "")).status == "info"
+
+
+def test_listening_sockets_are_read_from_proc():
+    import socket
+    everywhere, loopback = socket.socket(), socket.socket()
+    try:
+        everywhere.bind(("0.0.0.0", 0))
+        loopback.bind(("127.0.0.1", 0))
+        everywhere.listen()
+        loopback.listen()
+        mine = system.listening_sockets(os.getpid())
+        wide, local = everywhere.getsockname()[1], loopback.getsockname()[1]
+        assert ("0.0.0.0", wide) in mine and ("127.0.0.1", local) in mine
+        assert system.exposed(mine) == [s for s in mine if s[0] != "127.0.0.1"]
+        assert ("0.0.0.0", wide) in system.exposed(mine)
+    finally:
+        everywhere.close()
+        loopback.close()
 
 
 def _fake_run_lab(results=None, error=None):

@@ -62,6 +62,8 @@ class Report:
         for c in self.checks:
             detail = c.detail.replace("\n", "\n" + " " * (width + 9))
             lines.append(f"  [{mark[c.status]}] {c.name:<{width}}  {detail}")
+            if c.status == "warn" and c.fix:
+                lines.append(" " * (width + 11) + f"what to do: {c.fix}")
         lines.append("")
         if self.ok:
             lines.append("Ready: every lab of the course can run here.")
@@ -215,7 +217,31 @@ def check_launch(nproc: int = 2, timeout: float = 120.0) -> Check:
                      "report this: the collective returned a wrong sum")
     return Check(name, "ok", f"{nproc} ranks started and all-reduced over {backend} "
                              f"(sum {expected} on every rank) in {seconds:.1f} s",
-                 data={"seconds": seconds, "backend": backend})
+                 data={"seconds": seconds, "backend": backend,
+                       "launcher_listens": result.results[0].get("launcher_listens")})
+
+
+def check_exposure(launch: Check) -> Check:
+    """What torchrun listened on during the launch check. Its rendezvous store (torch's
+    TCPStore) binds every interface whatever address it is given: while a lab runs, its ports
+    are open to the network, unauthenticated. Until labkit runs its own store on 127.0.0.1,
+    the doctor says so and how to close them."""
+    name = "lab ports"
+    listens = launch.data.get("launcher_listens")
+    if launch.status != "ok" or listens is None:
+        return Check(name, "info", "unknown (the launch check did not run or could not see)")
+    if not listens:
+        return Check(name, "info", "unknown (no /proc here to read torchrun's sockets from)")
+    open_ = system.exposed([tuple(s) for s in listens])
+    shown = ", ".join(f"[{a}]:{p}" if ":" in a else f"{a}:{p}" for a, p in sorted(open_))
+    if not open_:
+        return Check(name, "ok", "torchrun listened on loopback only", data={"exposed": []})
+    return Check(name, "warn",
+                 f"while a lab runs, torchrun's rendezvous listens on every interface ({shown}; "
+                 "new ports each run), reachable from the network without authentication",
+                 "on a shared or cloud machine keep inbound ports closed (a cloud security group, "
+                 "or `ufw default deny incoming`); multi-node labs need their rendezvous port open "
+                 "between the nodes only", data={"exposed": open_})
 
 
 def check_jupyter() -> list[Check]:
@@ -253,6 +279,7 @@ def run_checks(launch: bool = True, nproc: int = 2, timeout: float = 120.0) -> R
     checks = [check_python(), check_torch(), check_gpus(), check_topology(), *check_backends(),
               *check_cpu_ram(), check_lab_defaults()]
     if launch:
-        checks.append(check_launch(nproc=nproc, timeout=timeout))
+        started = check_launch(nproc=nproc, timeout=timeout)
+        checks += [started, check_exposure(started)]
     checks += [*check_jupyter(), check_port()]
     return Report(checks)

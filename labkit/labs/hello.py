@@ -12,13 +12,14 @@ host, all_reduce, expected.
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 
 import torch
 import torch.distributed as tdist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from labkit.runtime import dist
+from labkit.runtime import dist, system
 
 
 @record
@@ -37,7 +38,9 @@ def main(argv: list[str] | None = None) -> None:
           f"(expected {expected:g})", flush=True)
     dist.report(rank=ctx.rank, world_size=ctx.world_size, backend=ctx.backend,
                 device=str(ctx.device), host=socket.gethostname(),
-                all_reduce=value.item(), expected=expected)
+                all_reduce=value.item(), expected=expected,
+                # what torchrun (this rank's parent) listens on: `labkit doctor` shows it
+                launcher_listens=system.listening_sockets(os.getppid()))
     dist.shutdown()
 
 

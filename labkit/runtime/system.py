@@ -73,6 +73,49 @@ def max_local_ranks() -> tuple[int, str]:
     return limit, why
 
 
+def listening_sockets(pid: int) -> list[tuple[str, int]]:
+    """(address, port) of each TCP socket process `pid` listens on, from /proc (Linux; [] where
+    it cannot be read). Address "0.0.0.0" or "::" means every interface."""
+    try:
+        inodes = set()
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    except OSError:
+        return []
+    found = []
+    for table, v6 in (("/proc/net/tcp", False), ("/proc/net/tcp6", True)):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if len(cols) < 10 or cols[3] != "0A" or cols[9] not in inodes:   # 0A = LISTEN
+                continue
+            hex_addr, hex_port = cols[1].split(":")
+            found.append((_proc_address(hex_addr, v6), int(hex_port, 16)))
+    return sorted(set(found))
+
+
+def _proc_address(hex_addr: str, v6: bool) -> str:
+    raw = bytes.fromhex(hex_addr)
+    # /proc prints each 32-bit word in host (little-endian) order
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    return socket.inet_ntop(socket.AF_INET6 if v6 else socket.AF_INET, words)
+
+
+def exposed(sockets: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """The sockets that listen beyond loopback (every interface, or a non-loopback address)."""
+    return [(a, p) for a, p in sockets
+            if not (a.startswith("127.") or a in ("::1", "::ffff:127.0.0.1"))]
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free on `host` a moment ago (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

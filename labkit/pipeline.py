@@ -36,6 +36,9 @@ from dataclasses import dataclass, field
 from labkit import validate
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
+MAX_STAGES = 1024           # stages (and chunks per stage) the simulator accepts
+MAX_MICROBATCHES = 65536
+MAX_OPS = 2_000_000         # stages x microbatches x chunks (about 10 s of simulation)
 
 
 @dataclass(frozen=True)
@@ -124,9 +127,13 @@ def simulate(schedule, stages, microbatches, fwd=1.0, bwd=2.0, chunks=1, wgrad=N
     p2p: seconds to send activations or gradients between stages.
     """
     validate.choice("schedule", schedule, SCHEDULES)
-    p = validate.positive_int("stages", stages)
-    m = validate.positive_int("microbatches", microbatches)
-    v = validate.positive_int("chunks", chunks)
+    # The simulation runs op by op (3 p m v of them): bounds keep a typo from running for hours.
+    p = validate.positive_int("stages", stages, MAX_STAGES)
+    m = validate.positive_int("microbatches", microbatches, MAX_MICROBATCHES)
+    v = validate.positive_int("chunks", chunks, MAX_STAGES)
+    if p * m * v > MAX_OPS:
+        raise ValueError(f"stages x microbatches x chunks = {p * m * v:,} is more than this "
+                         f"simulator steps through ({MAX_OPS:,}); allowed: a product up to that")
     f = validate.positive("fwd", fwd)
     b = validate.positive("bwd", bwd)
     c = validate.non_negative("p2p", p2p)

@@ -138,3 +138,9 @@ def test_collectives_plot_goes_to_a_private_dir_and_never_through_a_symlink(tmp_
     assert victim.read_text() == "keep me"
     plain = tmp_path / "mine.png"
     assert save_plot(b"png", str(plain)) == str(plain) and plain.read_bytes() == b"png"
+
+
+@pytest.mark.parametrize("node_rank", [5, -1, 2, 1.5])
+def test_node_rank_must_be_a_node(node_rank):
+    with pytest.raises(ValueError, match=f"node_rank={node_rank!r} is not a node of nnodes=2"):
+        run_lab("hello", nproc=1, nnodes=2, node_rank=node_rank, rdzv_endpoint="127.0.0.1:1")

@@ -117,3 +117,13 @@ def test_split_backward_1f1b_is_never_slower_than_1f1b(p, m, f, b, w):
         assert split.peak_in_flight == one.peak_in_flight
         zb = simulate("zero-bubble", p, m, fwd=f, bwd=b, wgrad=w, p2p=c)
         assert zb.makespan <= split.makespan * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("kw, says", [
+    (dict(stages=5000, microbatches=8), "stages=5000"),
+    (dict(stages=4, microbatches=10**6), "microbatches=1000000"),
+    (dict(stages=1000, microbatches=60000), "more than this simulator steps through"),
+])
+def test_simulation_size_is_bounded(kw, says):
+    with pytest.raises(ValueError, match=says):
+        simulate("1f1b", **kw)

@@ -136,6 +136,9 @@ def run_lab(target, nproc: int | None = None, args=(), timeout: float | None = 3
                          f"{limit}); allowed: 1 to {limit}, or oversubscribe=True "
                          f"(labkit run --oversubscribe, or {ENV_OVERSUBSCRIBE}=1) to start "
                          "them anyway")
+    if node_rank is not None and not (isinstance(node_rank, int) and 0 <= node_rank < nnodes):
+        raise ValueError(f"node_rank={node_rank!r} is not a node of nnodes={nnodes}; allowed: "
+                         f"0 to {nnodes - 1}, or None")
     if nnodes > 1 and not rdzv_endpoint:
         raise ValueError(f"nnodes={nnodes} needs rdzv_endpoint='HOST:PORT' (the same on every "
                          "node); allowed: nnodes=1 without it")

@@ -129,3 +129,38 @@ def test_bad_port_is_a_message_not_a_traceback():
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "--port=-1 is not a port; allowed: 0 (any free port) to 65535" in r.stderr
     assert "usage: labkit course" in r.stderr
+
+
+def test_an_empty_token_is_refused_and_no_auth_must_be_asked_for(capsys):
+    """Issue 11 (12): `--token ""` silently turned authentication off."""
+    from labkit.cli import main
+    from labkit.cli.course import lab_command
+    r = subprocess.run([sys.executable, "-m", "labkit", "course", "--token", "", "--no-browser"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "--token='' would turn authentication off" in r.stderr and "--no-auth" in r.stderr
+    assert main(["course", "--token", "x", "--no-auth", "--no-browser"]) == 2
+    assert "contradict" in capsys.readouterr().err
+    for bad in ("", "   "):
+        with pytest.raises(ValueError, match="authentication off"):
+            lab_command(token=bad)
+    cmd = lab_command(no_auth=True)
+    assert "--IdentityProvider.token=" in cmd
+    assert not any(c.startswith("--IdentityProvider.token=") for c in lab_command())
+
+
+def test_no_auth_prints_a_warning(monkeypatch, capsys):
+    import labkit.cli.course as course
+    from labkit.cli import main
+    started = []
+
+    class FakePopen:
+        def __init__(self, cmd, **kw):
+            started.append(cmd)
+
+        def wait(self, timeout=None):
+            return 0
+    monkeypatch.setattr(course.subprocess, "Popen", FakePopen)
+    assert main(["course", "--no-auth", "--no-browser", "--port", "0"]) == 0
+    assert "authentication is off" in capsys.readouterr().err
+    assert "--IdentityProvider.token=" in started[0]

@@ -42,10 +42,31 @@ def port_number(text: str) -> int:
     return port
 
 
+def token_text(text: str) -> str:
+    """--token: a non-empty token. An empty one would switch authentication off silently."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            "--token='' would turn authentication off; allowed: a non-empty token, or leave "
+            "--token out for a random one (--no-auth turns authentication off, with a warning)")
+    return text
+
+
+NO_AUTH_WARNING = ("labkit course: WARNING: authentication is off (--no-auth). Any process or "
+                   "user on this machine that can reach 127.0.0.1:{port} can run code as you.")
+
+
 def lab_command(port: int | None = None, token: str | None = None, open_browser: bool = True,
-                notebook: str = WELCOME) -> list[str]:
+                notebook: str = WELCOME, no_auth: bool = False) -> list[str]:
     """The JupyterLab command `make lab` runs: bound to 127.0.0.1 (never to the network), token
-    authentication on, serving the checkout, opening `notebook` (its URL is the one printed)."""
+    authentication on (no_auth=True turns it off, and must be asked for), serving the checkout,
+    opening `notebook` (its URL is the one printed)."""
+    if token is not None and not str(token).strip():
+        raise ValueError("token='' would turn authentication off; allowed: a non-empty token, "
+                         "None for a random one, or no_auth=True to turn it off on purpose")
+    if no_auth and token is not None:
+        raise ValueError("token and no_auth=True contradict each other; allowed: one of them")
+    if no_auth:
+        token = ""
     root = repo_root()
     cmd = [sys.executable, "-m", "jupyterlab", notebook,
            f"--ServerApp.root_dir={root}", "--ServerApp.ip=127.0.0.1",
@@ -100,13 +121,22 @@ def write_config(config_dir: str | os.PathLike, env: dict | None = None) -> None
 def add_arguments(parser) -> None:
     parser.add_argument("--port", type=port_number, default=8888,
                         help="port to serve on (default 8888; Jupyter tries the next ones if busy; 0 picks a free one)")
-    parser.add_argument("--token", default=None,
+    parser.add_argument("--token", default=None, type=token_text,
                         help="token to require (default: Jupyter makes a random one and prints the URL with it)")
+    parser.add_argument("--no-auth", action="store_true",
+                        help="no token at all (prints a warning: any local process could use the server)")
     parser.add_argument("--no-browser", action="store_true", help="do not try to open a browser")
 
 
 def run(args) -> int:
-    cmd = lab_command(port=args.port, token=args.token, open_browser=not args.no_browser)
+    if args.no_auth and args.token is not None:
+        print("labkit course: --token and --no-auth contradict each other; allowed: one of them",
+              file=sys.stderr)
+        return 2
+    cmd = lab_command(port=args.port, token=args.token, open_browser=not args.no_browser,
+                      no_auth=args.no_auth)
+    if args.no_auth:
+        print(NO_AUTH_WARNING.format(port=args.port), file=sys.stderr, flush=True)
     print(f"Starting JupyterLab on the course (127.0.0.1 only): open the URL it prints, {WELCOME}")
     print("with its token. `labkit` works in its terminals (File > New > Terminal). Stop it with Ctrl-C.",
           flush=True)

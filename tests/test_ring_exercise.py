@@ -68,6 +68,17 @@ def stub(tensor):
     raise NotImplementedError("write ring_all_reduce (about 20 lines)")
 
 
+def calls_all_reduce(tensor):
+    """Issue 10: passed 4/4 before, since gloo's all_reduce sends the ring's bytes too."""
+    dist.all_reduce(tensor)
+    return tensor
+
+
+def calls_the_process_group(tensor):
+    dist.group.WORLD.allreduce([tensor]).wait()
+    return tensor
+
+
 # ---------------------------------------------------------------------------------------------
 # how the function reaches the ranks (no launch)
 
@@ -105,6 +116,31 @@ def test_stub_fails_fast_without_ranks():
         ring.run_user_collective(ring_all_reduce, nproc=1)
     with pytest.raises(ValueError, match="allowed"):
         ring.run_user_collective(ring_all_reduce, op="broadcast")
+
+
+def test_collectives_are_refused_inside_and_restored_after():
+    before = (dist.all_reduce, vars(dist.ProcessGroup)["allreduce"])
+    refusals: list = []
+    with ring.point_to_point_only("my_ring", refusals):
+        with pytest.raises(ring._Refused, match="your my_ring calls torch.distributed.all_reduce; "
+                                                "write it yourself with dist.isend/dist.irecv"):
+            dist.all_reduce(torch.ones(2))
+        with pytest.raises(ring._Refused, match="ProcessGroup.allreduce"):
+            dist.ProcessGroup.allreduce(None, [torch.ones(2)])
+        assert dist.isend.__module__ == "torch.distributed.distributed_c10d"   # p2p untouched
+    assert len(refusals) == 2
+    assert (dist.all_reduce, vars(dist.ProcessGroup)["allreduce"]) == before
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("cheat, called", [(calls_all_reduce, "torch.distributed.all_reduce"),
+                                           (calls_the_process_group, "ProcessGroup.allreduce")])
+def test_a_ring_that_calls_a_collective_is_refused(cheat, called):
+    r = ring.run_user_collective(cheat, op="all_reduce", nproc=2, nbytes=2**20, iters=1)
+    assert not r.ok
+    assert r.refused == (f"your {cheat.__name__} calls {called}; write it yourself with "
+                         "dist.isend/dist.irecv (only point-to-point messages)")
+    assert f"REFUSED: {r.refused}" in r.summary()
 
 
 # ---------------------------------------------------------------------------------------------

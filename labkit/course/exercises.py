@@ -5,7 +5,10 @@ Authoring rules (what this module and the grader read):
 - An **exercise cell** is a code cell tagged ``exercise``. Its answer sits between a line
   ``### BEGIN SOLUTION`` and a line ``### END SOLUTION`` (alone on their lines, any indentation;
   several regions per cell are allowed). Its id is ``metadata.labkit.exercise`` when set (letters,
-  digits, ``_ . -``), else ``ex1``, ``ex2``, ... by order among the exercise cells.
+  digits, ``_ . -``), else ``ex1``, ``ex2``, ... by order among the exercise cells. Its
+  ``metadata.labkit.forbid`` lists, by dotted name, what the answer may not call (the labkit
+  function it asks the learner to write, ...): the grader refuses an answer that does
+  (labkit.course.forbid).
 - A **check cell** is a code cell tagged ``check``; it calls ``labkit.course.grading`` and belongs to
   ``metadata.labkit.checks`` when set, else to the nearest exercise cell above it. Its name is
   ``metadata.labkit.check`` when set, else the exercise id (``ex3.1``, ``ex3.2``, ... when an
@@ -23,6 +26,10 @@ into each exercise cell and check cells marked not editable/deletable; cell ids 
 (``cell-000``, ...) and JSON with sorted keys, so the same solutions always give the same bytes.
 ``python -m labkit.course.exercises --check`` (and ``check_sync``) reports exercise files that are
 missing, stale or orphaned, and any solution line that leaked into an exercise file.
+
+exercises/ is also where learners write: both judge an exercise file by its committed copies
+(labkit.course.committed), so a learner's answers never make it "out of sync", and the generator
+keeps a copy of a file with edits (``exercises/.backup/NN_name.<time>.ipynb``) before replacing it.
 """
 from __future__ import annotations
 
@@ -35,6 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
+
+from labkit.course import committed
+from labkit.course.forbid import valid_name
 
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
@@ -55,6 +65,7 @@ class NotebookFormatError(ValueError):
 class Exercise:
     id: str
     index: int  # cell index in the solutions notebook
+    forbid: tuple[str, ...] = ()  # metadata.labkit.forbid: what the answer may not call
 
 
 @dataclass(frozen=True)
@@ -108,7 +119,11 @@ def layout(nb, where: str = "notebook") -> Layout:
                                           "digits, '_', '.' or '-'")
             if any(e.id == id_ for e in out.exercises):
                 raise NotebookFormatError(f"{here}: exercise id {id_!r} is used twice")
-            out.exercises.append(Exercise(id_, i))
+            forbid = meta.get("forbid", [])
+            if not isinstance(forbid, list) or not all(valid_name(f) for f in forbid):
+                raise NotebookFormatError(f"{here}: metadata labkit.forbid={forbid!r} must be a "
+                                          "list of dotted names, e.g. ['labkit.memory.bytes_per_param']")
+            out.exercises.append(Exercise(id_, i, tuple(forbid)))
             current = id_
         elif CHECK_TAG in tags:
             if cell.cell_type != "code":
@@ -184,9 +199,11 @@ def header_markdown(name: str) -> str:
         "`raise NotImplementedError(...)` with your code, then run the `check` cell below it.\n"
         "> Keep everything an answer needs inside its exercise cell: the grader takes only the code "
         "of your exercise cells, puts it into the original notebook and runs that in a fresh "
-        "kernel (your outputs and other cells are not used).\n>\n"
+        "kernel (your outputs and other cells are not used). Write it yourself: an answer that "
+        "calls the labkit function it asks for, or reads `solutions/`, is refused.\n>\n"
         "> Grade this notebook from a terminal in the course directory:\n>\n"
-        f"> ```\n> labkit grade exercises/{name}\n> ```\n"
+        f"> ```\n> labkit grade exercises/{name}\n> ```\n>\n"
+        f"> (or `make grade NB=exercises/{name}` from any shell, if `labkit` is not found).\n"
     )
 
 
@@ -256,19 +273,33 @@ def solution_files(solutions_dir: Path | str) -> list[Path]:
     return sorted(p for p in Path(solutions_dir).glob("*.ipynb") if not p.name.startswith("."))
 
 
-def generate(solutions_dir: Path | str, exercises_dir: Path | str) -> list[Path]:
-    """Write exercises_dir/NN_name.ipynb for every solutions_dir/NN_name.ipynb; return the
-    files whose content changed (unchanged files are not rewritten)."""
+@dataclass(frozen=True)
+class Written:
+    path: Path
+    backup: Path | None = None   # the copy kept of the file it replaced, when that had edits
+
+
+def generate(solutions_dir: Path | str, exercises_dir: Path | str) -> list[Written]:
+    """Write exercises_dir/NN_name.ipynb for every solutions_dir/NN_name.ipynb; return what it
+    wrote (unchanged files are not rewritten). A file that differs from both what it would write
+    and what git has committed of it holds edits (a learner's answers): a copy is kept in
+    exercises_dir/.backup/ before it is replaced (labkit.course.committed)."""
     out_dir = Path(exercises_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    changed = []
+    written = []
     for sol in solution_files(solutions_dir):
         text = render_path(sol)
         target = out_dir / sol.name
-        if not target.exists() or target.read_text(encoding="utf-8") != text:
-            target.write_text(text, encoding="utf-8")
-            changed.append(target)
-    return changed
+        backup = None
+        if target.exists():
+            current = target.read_text(encoding="utf-8")
+            if current == text:
+                continue
+            if current not in committed.committed_versions(target, sol):
+                backup = committed.keep_copy(target)
+        target.write_text(text, encoding="utf-8")
+        written.append(Written(target, backup))
+    return written
 
 
 def leaked_lines(solution_nb, exercise_nb) -> list[str]:
@@ -296,10 +327,16 @@ def leaked_lines(solution_nb, exercise_nb) -> list[str]:
 
 
 def check_sync(solutions_dir: Path | str, exercises_dir: Path | str) -> list[str]:
-    """Problems keeping exercises_dir from being exactly what generate() would write."""
+    """Problems keeping exercises_dir from being what generate() would write.
+
+    An exercise file is in sync when what generate() would write equals its working copy (just
+    regenerated), its copy committed at HEAD, or its copy in the last commit that changed its
+    solution: a learner's answers, in the working tree or committed, are never a problem. Only
+    files committed with the solutions can be orphans (a learner's own notebooks are theirs)."""
     problems = []
     sols = solution_files(solutions_dir)
     names = {p.name for p in sols}
+    fix = "run `python -m labkit.course.exercises` (it keeps a copy of an edited file)"
     for sol in sols:
         target = Path(exercises_dir) / sol.name
         try:
@@ -307,16 +344,22 @@ def check_sync(solutions_dir: Path | str, exercises_dir: Path | str) -> list[str
         except NotebookFormatError as exc:
             problems.append(f"{sol}: {exc}")
             continue
-        if not target.exists():
-            problems.append(f"{target} is missing; run `python -m labkit.course.exercises`")
+        versions = committed.committed_versions(target, sol)
+        if target.exists():
+            versions.append(target.read_text(encoding="utf-8"))
+        if not versions:
+            problems.append(f"{target} is missing; {fix}")
             continue
-        if target.read_text(encoding="utf-8") != text:
-            problems.append(f"{target} is out of date with {sol}; run `python -m labkit.course.exercises`")
-        leaks = leaked_lines(read_notebook(sol), read_notebook(target))
+        if text not in versions:
+            problems.append(f"{target} is out of date with {sol}; {fix}")
+        leaks = leaked_lines(read_notebook(sol), nbformat.reads(
+            text if text in versions else versions[0], as_version=4))
         if leaks:
             problems.append(f"{target} contains solution lines: {leaks[:3]}")
+    tracked = (committed.tracked_names(exercises_dir, solutions_dir)
+               if Path(exercises_dir).is_dir() else set())
     for ex in sorted(Path(exercises_dir).glob("*.ipynb")) if Path(exercises_dir).is_dir() else []:
-        if ex.name not in names:
+        if ex.name not in names and (tracked is None or ex.name in tracked):
             problems.append(f"{ex} has no solutions notebook {Path(solutions_dir) / ex.name}")
     return problems
 
@@ -338,8 +381,12 @@ def main(argv: list[str] | None = None) -> int:
             if not problems:
                 print(f"{args.exercises} is in sync with {args.solutions}")
             return 1 if problems else 0
-        for path in generate(args.solutions, args.exercises):
-            print(f"wrote {path}")
+        for w in generate(args.solutions, args.exercises):
+            if w.backup:
+                print(f"{w.path} had edits of yours (answers?): kept them in {w.backup}, "
+                      f"then wrote {w.path} afresh")
+            else:
+                print(f"wrote {w.path}")
         return 0
     except NotebookFormatError as exc:
         print(f"labkit.course.exercises: {exc}", file=sys.stderr)

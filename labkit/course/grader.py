@@ -6,109 +6,53 @@ source of its exercise cells:
 1. The template is the solutions notebook of the same name: ``--template PATH``, else
    ``solutions/<name>`` in the repository that holds this labkit package, else in a directory
    above the learner's file (``exercises/../solutions/``); a file renamed by the learner is
-   matched by its ``NN_`` prefix when exactly one solutions notebook has it.
+   matched by its ``NN_`` prefix when exactly one solutions notebook has it. A file with no
+   exercise cell at all (a lesson of notebooks/) is refused at once, naming the exercise file.
 2. The learner's exercise cells are the code cells tagged ``exercise`` or carrying
    ``metadata.labkit.exercise``. Each template exercise takes the source of the learner cell with
    the same id; exercises left unmatched take, in order, the learner's exercise cells that have
    no known id. The learner's outputs, check cells, tags of other cells, markers and extra cells
    are never used. An exercise missing from the file gets the stub and fails ("missing").
-3. The template with those sources swapped in is executed top to bottom in a fresh kernel of
-   this interpreter (nbclient, errors allowed so every check runs, a per-cell timeout after which
-   the cell is interrupted), with the learner's notebook directory as working directory.
-4. A check passes when its cell ran without error and its exercise cell ran without error.
+3. An answer that uses what its exercise asks to write (``metadata.labkit.forbid`` of the
+   template's exercise cell, and the checks' references), or reads the solutions, is refused:
+   by its source before it runs, and in the kernel when it calls one (labkit.course.forbid).
+4. The template with those sources swapped in is executed top to bottom in a fresh kernel of
+   this interpreter (labkit.course.kernel: errors allowed so every check runs; a cell still
+   running at ``timeout`` s is interrupted, and killed with the kernel ``grace`` s later), with
+   the learner's notebook directory as working directory. Each check is reported (``on_check``)
+   as soon as its cell has run.
+5. A check passes when its cell ran without error and its exercise cell ran without error.
    Otherwise its message is the exercise's problem ("not attempted yet", the exception it
-   raised, a timeout) or the check's own error (a ``labkit.course.grading.GradingError`` explains
-   expected vs received).
+   raised, a timeout, a refusal) or the check's own error (a
+   ``labkit.course.grading.GradingError`` explains expected vs received).
 
 Not a sandbox: the learner's code runs in the kernel next to the checks and could, with intent,
-tamper with them. Grading is there to catch wrong answers, edited outputs and accidentally
-deleted or re-tagged cells, not a determined cheater.
+tamper with them. Grading is there to catch wrong answers, edited outputs, accidentally deleted
+or re-tagged cells and the obvious shortcuts, not a determined cheater.
 """
 from __future__ import annotations
 
+import ast
 import copy
 import json
-import os
 import re
-import sys
-import tempfile
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from labkit.course import exercises as ex_mod
+from labkit.course import forbid
 from labkit.course.exercises import NotebookFormatError
+from labkit.course.kernel import KILL_GRACE, CellRun, KernelStartError, execute
+from labkit.course.report import CheckResult, ExerciseResult, GradeReport  # noqa: F401 (API)
 
-DEFAULT_TIMEOUT = 300  # seconds per cell
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# Seconds a cell may run: twice the limit of the labs the exercises start (run_user_collective's
+# 45 s), so a hung lab is reported by the lab itself (where each rank waits), not by the grader.
+DEFAULT_TIMEOUT = 90
+_FORBID = "__import__('labkit.course.forbid', fromlist=['forbid'])"
 
 
 class GradeInputError(Exception):
     """The notebook or template cannot be graded (missing, not a notebook, no template)."""
-
-
-@dataclass
-class CheckResult:
-    name: str
-    exercise: str | None
-    passed: bool
-    message: str = ""
-
-
-@dataclass
-class ExerciseResult:
-    id: str
-    status: str  # "ran" | "not attempted" | "missing" | "error" | "timeout" | "not run"
-    message: str = ""
-    traceback: str = ""
-
-
-@dataclass
-class GradeReport:
-    notebook: str
-    template: str
-    checks: list[CheckResult] = field(default_factory=list)
-    exercises: list[ExerciseResult] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def passed(self) -> int:
-        return sum(c.passed for c in self.checks)
-
-    @property
-    def total(self) -> int:
-        return len(self.checks)
-
-    @property
-    def ok(self) -> bool:
-        return self.total > 0 and self.passed == self.total
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d.update(passed=self.passed, total=self.total, ok=self.ok)
-        return d
-
-    def format(self) -> str:
-        lines = [f"Grading {self.notebook}", f"  against {self.template} (fresh kernel, "
-                                                f"{self.seconds:.1f} s)", ""]
-        width = max([len(c.name) for c in self.checks] + [5])
-        for c in self.checks:
-            status = "PASS" if c.passed else "FAIL"
-            msg = c.message.split("\n") if c.message else [""]
-            lines.append(f"  {c.name:<{width}}  {status}  {msg[0]}".rstrip())
-            lines += [f"  {'':<{width}}        {m}" for m in msg[1:]]
-        shown = [e for e in self.exercises if e.traceback]
-        if shown:
-            lines += ["", "Errors in your exercise cells:"]
-            for e in shown:
-                lines.append(f"  {e.id}: {e.message}")
-                lines += [f"      {t}" for t in e.traceback.split("\n")]
-        if self.notes:
-            lines += ["", "Notes:"] + [f"  - {n}" for n in self.notes]
-        lines += ["", f"{self.passed}/{self.total} checks passed"
-                      + ("" if self.ok else f"; {self.total - self.passed} failed")]
-        return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------- locating files
@@ -163,6 +107,40 @@ def _read_learner(path: Path) -> list[dict]:
     return [c for c in cells if isinstance(c, dict)]
 
 
+def _is_exercise_cell(cell: dict) -> bool:
+    return cell.get("cell_type") == "code" and (
+        ex_mod.EXERCISE_TAG in ex_mod.cell_tags(cell)
+        or isinstance(ex_mod.labkit_meta(cell).get("exercise"), str))
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the working directory when it is below it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _refuse_non_exercise_file(path: Path, cells: list[dict], template: Path | None) -> None:
+    """A lesson (or any file without exercise cells) is refused at once, naming the exercises."""
+    if any(_is_exercise_cell(c) for c in cells):
+        return
+    kind = "a lesson, not an exercise file" if path.resolve().parent.name == "notebooks" else \
+        "not an exercise file"
+    try:
+        template = template or find_template(path)
+    except GradeInputError:
+        folder = ex_mod.REPO_ROOT / "exercises"
+        files = ", ".join(_shown(p) for p in sorted(folder.glob("*.ipynb"))) or "none yet"
+        raise GradeInputError(f"{path} is {kind}: it has no exercise cells (code cells tagged "
+                              f"'exercise'), and its module has no exercises. Exercise files: "
+                              f"{files}") from None
+    target = _shown(template.resolve().parent.parent / "exercises" / template.name)
+    raise GradeInputError(f"{path} is {kind}: it has no exercise cells (code cells tagged "
+                          f"'exercise'). The exercises of this module are in {target}: "
+                          f"run `labkit grade {target}`")
+
+
 def _read_template(path: Path):
     if not path.is_file():
         raise GradeInputError(f"template {path}: no such file")
@@ -186,11 +164,9 @@ def learner_sources(cells: list[dict], lay: ex_mod.Layout) -> tuple[dict[str, st
     notes: list[str] = []
     count = 0
     for cell in cells:
-        if cell.get("cell_type") != "code":
+        if not _is_exercise_cell(cell):
             continue
         id_ = ex_mod.labkit_meta(cell).get("exercise")
-        if ex_mod.EXERCISE_TAG not in ex_mod.cell_tags(cell) and not isinstance(id_, str):
-            continue
         count += 1
         src = ex_mod.source_text(cell)
         if isinstance(id_, str) and id_ in known:
@@ -210,12 +186,16 @@ def learner_sources(cells: list[dict], lay: ex_mod.Layout) -> tuple[dict[str, st
     return found, notes
 
 
-def build_graded_notebook(template_nb, lay: ex_mod.Layout, sources: dict[str, str]):
-    """The template with each exercise cell's source replaced by the learner's (or the stub)."""
+def build_graded_notebook(template_nb, lay: ex_mod.Layout, sources: dict[str, str],
+                          refused: dict[str, str] | None = None):
+    """The template with each exercise cell's source replaced by the learner's (or the stub);
+    a refused answer is replaced by a cell that raises the refusal (ForbiddenCall)."""
     nb = copy.deepcopy(template_nb)
     for e in lay.exercises:
         cell = nb.cells[e.index]
-        if e.id in sources:
+        if e.id in (refused or {}):
+            cell.source = f"raise {_FORBID}.ForbiddenCall({refused[e.id]!r})"
+        elif e.id in sources:
             cell.source = sources[e.id]
         else:
             cell.source = ex_mod.stub_source(ex_mod.source_text(cell), e.id)
@@ -226,89 +206,34 @@ def build_graded_notebook(template_nb, lay: ex_mod.Layout, sources: dict[str, st
     return nb
 
 
-# ------------------------------------------------------------------------------------ execution
-
-@dataclass
-class _CellRun:
-    ran: bool = False
-    error: dict | None = None  # {"ename", "evalue", "traceback"}
-    timed_out: bool = False
-    died: bool = False
-
-
-def _kernel_env() -> dict:
-    env = dict(os.environ)
-    # The kernel imports the same labkit as the grader, whatever its working directory.
-    root = str(Path(ex_mod.__file__).resolve().parents[2])   # the folder that holds labkit/
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    if env.get("MPLBACKEND", "").lower() == "agg":  # DESIGN: never Agg in kernels (no figures)
-        del env["MPLBACKEND"]
-    return env
-
-
-def execute(nb, *, timeout: float, cwd: Path) -> list[_CellRun]:
-    """Run every code cell of `nb` in a fresh kernel of this interpreter; outputs land in `nb`."""
-    from nbclient import NotebookClient
-    from nbclient.exceptions import DeadKernelError
-    from traitlets.config import Config
-
-    runs = [_CellRun() for _ in nb.cells]
-    with tempfile.TemporaryDirectory(prefix="labkit-grade-") as tmp:
-        config = Config()
-        if os.name == "posix":  # unix sockets: no "running over TCP without encryption" warning
-            config.KernelManager.transport = "ipc"
-            config.KernelManager.ip = os.path.join(tmp, "kernel")
-        client = NotebookClient(
-            nb, config=config, kernel_name="python3", timeout=int(timeout), allow_errors=True,
-            interrupt_on_timeout=True, record_timing=False,
-            resources={"metadata": {"path": str(cwd)}})
-        try:
-            client.create_kernel_manager()
-            client.start_new_kernel(env=_kernel_env())
-            client.start_new_kernel_client()
-        except Exception as exc:  # noqa: BLE001 - no ipykernel, a broken environment, ...
-            raise GradeInputError(f"could not start a Python kernel for {sys.executable} ({exc}); "
-                                  "run `labkit doctor`") from exc
-        with client.setup_kernel():
-            for i, cell in enumerate(nb.cells):
-                if cell.cell_type != "code":
-                    continue
-                start = time.monotonic()
-                try:
-                    client.execute_cell(cell, i)
-                except DeadKernelError:
-                    runs[i].died = True
-                    break
-                runs[i].ran = True
-                for out in cell.get("outputs", []):
-                    if out.get("output_type") == "error":
-                        runs[i].error = {"ename": out.get("ename", ""),
-                                         "evalue": out.get("evalue", ""),
-                                         "traceback": _clean_traceback(out.get("traceback", []))}
-                if (runs[i].error and runs[i].error["ename"] == "KeyboardInterrupt"
-                        and time.monotonic() - start >= timeout * 0.99):
-                    runs[i].timed_out = True
-    return runs
-
-
-def _clean_traceback(lines: list[str], keep: int = 25) -> str:
-    text = _ANSI.sub("", "\n".join(lines))
-    rows = [r for r in text.split("\n") if r.strip() and not set(r.strip()) <= {"-"}]
-    return "\n".join(rows[-keep:])
-
-
 # -------------------------------------------------------------------------------------- grading
 
-def _exercise_result(e, run: _CellRun, missing: bool, timeout: float) -> ExerciseResult:
+def _describe(index: int, lay: ex_mod.Layout) -> str:
+    for e in lay.exercises:
+        if e.index == index:
+            return f"exercise {e.id}"
+    for c in lay.checks:
+        if c.index == index:
+            return f"check {c.name}"
+    return f"cell {index} of the template"
+
+
+def _exercise_result(e, run: CellRun, missing: bool, timeout: float, trips: dict,
+                     stopped: str) -> ExerciseResult:
     if missing:
         return ExerciseResult(e.id, "missing", f"exercise {e.id} is missing from your file (no "
                               f"cell tagged 'exercise' for it); graded as failed")
+    if e.id in trips:
+        return ExerciseResult(e.id, "refused", trips[e.id])
+    if run.killed:
+        return ExerciseResult(e.id, "timeout", f"exercise {e.id} ran past the time limit of "
+                              f"{timeout:g} s and did not stop when interrupted (a loop inside "
+                              "C code, or SIGINT ignored?): the kernel was stopped")
     if run.died:
         return ExerciseResult(e.id, "error", f"the kernel died while running exercise {e.id} "
                               "(a crash, os._exit or running out of memory in your code?)")
     if not run.ran:
-        return ExerciseResult(e.id, "not run", f"exercise {e.id} did not run: the kernel died "
-                              "earlier")
+        return ExerciseResult(e.id, "not run", f"exercise {e.id} did not run: {stopped}")
     if run.timed_out:
         return ExerciseResult(e.id, "timeout", f"exercise {e.id} ran longer than {timeout:g} s "
                               "and was interrupted (an endless loop, or a lab that hangs?)")
@@ -317,64 +242,163 @@ def _exercise_result(e, run: _CellRun, missing: bool, timeout: float) -> Exercis
         if ename == "NotImplementedError":
             return ExerciseResult(e.id, "not attempted", f"exercise {e.id} not attempted yet: its "
                                   f"cell still raises NotImplementedError({evalue})")
+        if ename == "ForbiddenCall":
+            return ExerciseResult(e.id, "refused", evalue)
         return ExerciseResult(e.id, "error", f"exercise {e.id} raised {ename}: {evalue}",
                               traceback=run.error["traceback"])
     return ExerciseResult(e.id, "ran")
 
 
-def _check_result(c, run: _CellRun, exercise: ExerciseResult | None, timeout: float) -> CheckResult:
+def _check_result(c, run: CellRun, exercise: ExerciseResult | None, timeout: float,
+                  stopped: str) -> CheckResult:
+    def fail(message):
+        return CheckResult(c.name, c.exercise, False, message, run.seconds)
+
     if exercise is not None and exercise.status != "ran":
         why = exercise.message
         if exercise.status == "not attempted":
             why += "; replace the `raise NotImplementedError(...)` line with your code"
-        return CheckResult(c.name, c.exercise, False, why)
+        return fail(why)
+    if run.killed:
+        return fail(f"the check ran past the time limit of {timeout:g} s and did not stop when "
+                    "interrupted: the kernel was stopped")
     if run.died:
-        return CheckResult(c.name, c.exercise, False, "the kernel died while running this check")
+        return fail("the kernel died while running this check")
     if not run.ran:
-        return CheckResult(c.name, c.exercise, False, "not run: the kernel died earlier")
+        return fail(f"not run: {stopped}")
     if run.timed_out:
-        return CheckResult(c.name, c.exercise, False, f"the check ran longer than {timeout:g} s "
-                           "and was interrupted")
+        return fail(f"the check ran longer than {timeout:g} s and was interrupted")
     if run.error:
         ename, evalue = run.error["ename"], run.error["evalue"]
-        if ename == "GradingError":
-            return CheckResult(c.name, c.exercise, False, evalue)
+        if ename in ("GradingError", "ForbiddenCall"):
+            return fail(evalue)
         if ename == "NotImplementedError":
-            return CheckResult(c.name, c.exercise, False, f"exercise {c.exercise} not attempted "
-                               f"yet: it still raises NotImplementedError({evalue})")
+            return fail(f"exercise {c.exercise} not attempted yet: it still raises "
+                        f"NotImplementedError({evalue})")
+        if ename == "LabError":   # a lab the check started (a hang, a rank that failed): its
+            return fail(evalue.split("\n--- Python stack")[0].rstrip())  # story, no stacks
         msg = f"the check raised {ename}: {evalue}"
         if ename == "NameError":
             msg += f" (does your exercise {c.exercise} define the name the check uses?)"
         elif ename == "AssertionError" and not evalue:
             msg = "the check's assertion failed:\n" + run.error["traceback"]
-        return CheckResult(c.name, c.exercise, False, msg)
-    return CheckResult(c.name, c.exercise, True)
+        return fail(msg)
+    return CheckResult(c.name, c.exercise, True, "", run.seconds)
+
+
+class _Progress:
+    """Turns cell runs into exercise and check results as the cells finish."""
+
+    def __init__(self, lay, sources, timeout, report, on_check):
+        self.lay, self.sources, self.timeout = lay, sources, timeout
+        self.report, self.on_check = report, on_check
+        self.runs: dict[int, CellRun] = {}
+        self.trips: dict[str, str] = {}
+        self.results: dict[str, ExerciseResult] = {}
+        self.checks: dict[str, CheckResult] = {}
+        self.stopped = "the kernel stopped earlier"
+        self.last = time.monotonic()      # when the previous check was decided
+
+    def _exercise(self, e) -> ExerciseResult | None:
+        run = self.runs.get(e.index)
+        if run is None:
+            return None
+        result = _exercise_result(e, run, e.id not in self.sources, self.timeout, self.trips,
+                                  self.stopped)
+        self.results[e.id] = result
+        return result
+
+    def cell_done(self, index: int, run: CellRun) -> None:
+        self.runs[index] = run
+        if run.probe:
+            self.trips = json.loads(ast.literal_eval(run.probe))
+        if run.killed:
+            self.stopped = (f"the kernel was stopped after {_describe(index, self.lay)} ran past "
+                            "the time limit")
+        elif run.died:
+            self.stopped = f"the kernel died while running {_describe(index, self.lay)}"
+        for c in self.lay.checks:
+            if c.index == index:
+                self._check(c, self.runs[index])
+
+    def _check(self, c, run: CellRun) -> None:
+        exercise = None
+        if c.exercise is not None:
+            e = self.lay.exercise(c.exercise)
+            exercise = self._exercise(e)
+            if exercise is None:
+                return      # its exercise comes later in the notebook: decided at the end
+        result = _check_result(c, run, exercise, self.timeout, self.stopped)
+        now = time.monotonic()
+        result.seconds, self.last = now - self.last, now
+        self.checks[c.name] = result
+        if self.on_check:
+            self.on_check(result)
+
+    def finish(self, runs: list[CellRun]) -> None:
+        for i, run in enumerate(runs):
+            self.runs.setdefault(i, run)
+        for c in self.lay.checks:
+            if c.name not in self.checks:
+                self._check(c, self.runs[c.index])
+        self.report.exercises = [self._exercise(e) for e in self.lay.exercises]
+        self.report.checks = [self.checks[c.name] for c in self.lay.checks]
+        special = {e.index for e in self.lay.exercises} | {c.index for c in self.lay.checks}
+        for i, run in enumerate(runs):
+            if i not in special and run.error:
+                self.report.notes.append(
+                    f"cell {i} of the template (not an exercise) raised {run.error['ename']}: "
+                    f"{run.error['evalue']}; an earlier exercise may have left a wrong value behind")
+
+
+def _guards(lay, graded, path: Path, template: Path) -> dict[int, list[str]]:
+    """Snippets the kernel runs before cells: install the guards, then name each answer."""
+    plan = {e.id: list(e.forbid) for e in lay.exercises}
+    protected = {str(template.parent.resolve())} | {str(d) for d in _solutions_dirs(path)}
+    if any(path.resolve().is_relative_to(d) for d in protected):
+        protected = set()      # a solutions notebook handed in as the learner's: nothing to hide
+    first = next(i for i, c in enumerate(graded.cells) if c.cell_type == "code")
+    before = {first: [f"{_FORBID}.install({plan!r}, {sorted(protected)!r})"]}
+    for e in lay.exercises:
+        code = f"{_FORBID}.expect({e.id!r}, {graded.cells[e.index].source!r})"
+        before.setdefault(e.index, []).append(code)
+    return before
 
 
 def grade_notebook(path: Path | str, template: Path | str | None = None, *,
-                   timeout: float = DEFAULT_TIMEOUT, cwd: Path | str | None = None) -> GradeReport:
-    """Grade the learner notebook at `path`; raises GradeInputError for input it cannot grade."""
+                   timeout: float = DEFAULT_TIMEOUT, cwd: Path | str | None = None,
+                   on_start=None, on_check=None, grace: float = KILL_GRACE) -> GradeReport:
+    """Grade the learner notebook at `path`; raises GradeInputError for input it cannot grade.
+
+    on_start(report): called once the template is known, before the kernel starts.
+    on_check(check_result): called for each check as soon as it is decided.
+    """
     path = Path(path)
     cells = _read_learner(path)
+    _refuse_non_exercise_file(path, cells, Path(template) if template is not None else None)
     template_path = Path(template) if template is not None else find_template(path)
     template_nb, lay = _read_template(template_path)
     if not lay.checks:
         raise GradeInputError(f"the template {template_path} has no check cells")
     sources, notes = learner_sources(cells, lay)
-    graded = build_graded_notebook(template_nb, lay, sources)
+    refused = {}
+    for e in lay.exercises:
+        why = forbid.scan(sources[e.id], e.forbid, e.id) if e.id in sources else None
+        if why:
+            refused[e.id] = why
+    graded = build_graded_notebook(template_nb, lay, sources, refused)
+    report = GradeReport(notebook=str(path), template=str(template_path), timeout=timeout,
+                         names=[c.name for c in lay.checks], notes=notes)
+    if on_start:
+        on_start(report)
+    progress = _Progress(lay, sources, timeout, report, on_check)
     start = time.monotonic()
-    runs = execute(graded, timeout=timeout, cwd=Path(cwd) if cwd else path.resolve().parent)
-    report = GradeReport(notebook=str(path), template=str(template_path), notes=notes)
-    results = {e.id: _exercise_result(e, runs[e.index], e.id not in sources, timeout)
-               for e in lay.exercises}
-    report.exercises = list(results.values())
-    special = {e.index for e in lay.exercises} | {c.index for c in lay.checks}
-    for i, run in enumerate(runs):
-        if i not in special and run.error:
-            notes.append(f"cell {i} of the template (not an exercise) raised "
-                         f"{run.error['ename']}: {run.error['evalue']}; an earlier exercise may "
-                         "have left a wrong value behind")
-    report.checks = [_check_result(c, runs[c.index], results.get(c.exercise), timeout)
-                     for c in lay.checks]
+    try:
+        runs = execute(graded, timeout=timeout, cwd=Path(cwd) if cwd else path.resolve().parent,
+                       before=_guards(lay, graded, path, template_path),
+                       probe=f"{_FORBID}.trips()", on_cell=progress.cell_done, grace=grace)
+    except KernelStartError as exc:
+        raise GradeInputError(str(exc)) from exc
+    progress.finish(runs)
     report.seconds = time.monotonic() - start
     return report

@@ -32,6 +32,7 @@ __all__ = [
     "check_close",
     "check_int",
     "check_callable",
+    "check_raises",
     "check_tensor_close",
     "format_value",
 ]
@@ -50,6 +51,30 @@ class GradingError(AssertionError):
         self.expected = expected
         self.received = received
         self.hint = hint
+
+    def _title(self) -> str:
+        return f"check {self.name} failed" if self.name else "check failed"
+
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows for this error: the message alone, styled as feedback (no
+        traceback through this module); the cell still counts as failed."""
+        lines = str(self).splitlines() or [""]
+        if self.name and lines[0].startswith(f"{self.name}: "):
+            lines[0] = lines[0][len(self.name) + 2:]
+        return ([f"\x1b[1;31m\u2717 {self._title()}\x1b[0m"] + lines
+                + _learner_frames(self.__cause__))
+
+
+def _learner_frames(cause, keep: int = 3) -> list[str]:
+    """Where in the learner's code `cause` (what their function raised) came from."""
+    if cause is None or isinstance(cause, NotImplementedError):
+        return []
+    import os
+    import traceback
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    frames = [f for f in traceback.extract_tb(cause.__traceback__) if not f.filename.startswith(here)]
+    return [f"  in {f.name}, line {f.lineno}: {(f.line or '').strip()}" for f in frames[-keep:]]
 
 
 # ----------------------------------------------------------------------------------- formatting
@@ -268,6 +293,12 @@ def _call_text(fn, args, kwargs) -> str:
     return f"{getattr(fn, '__name__', 'function')}({', '.join(parts)})"
 
 
+def _not_attempted(name: str, call: str, exc: BaseException) -> GradingError:
+    return _fail(name, f"{NOT_ATTEMPTED}: {call} still raises NotImplementedError({exc})",
+                 compare=False, extra=["  replace the line `raise NotImplementedError(...)` "
+                                       "in the exercise cell with your code"])
+
+
 def check_callable(name: str, fn: Callable, cases: Iterable, reference: Callable, *,
                    rtol: float | None = None, atol: float = 0.0, unit: str | None = None,
                    hint: str | None = None) -> None:
@@ -288,10 +319,10 @@ def check_callable(name: str, fn: Callable, cases: Iterable, reference: Callable
         expected = reference(*args, **kwargs)
         try:
             received = fn(*args, **kwargs)
+        except GradingError:
+            raise                   # e.g. the grader refused a call (labkit.course.forbid)
         except NotImplementedError as exc:
-            raise _fail(name, f"{NOT_ATTEMPTED}: {call} still raises NotImplementedError({exc})",
-                        compare=False, extra=["  replace the line `raise NotImplementedError(...)` "
-                                              "in the exercise cell with your code"]) from exc
+            raise _not_attempted(name, call, exc) from exc
         except Exception as exc:  # noqa: BLE001 - the learner's code may raise anything
             raise _fail(name, f"{call} raised {type(exc).__name__}: {exc}", compare=False,
                         extra=[f"  expected it to return {format_value(expected, unit)}"],
@@ -300,6 +331,36 @@ def check_callable(name: str, fn: Callable, cases: Iterable, reference: Callable
             raise _fail(name, f"wrong result for {call}", expected=expected, received=received,
                         unit=unit, hint=hint)
     _passed(name, f"{len(cases)} case{'s' if len(cases) != 1 else ''} agree with the reference")
+
+
+def check_raises(name: str, fn: Callable, args: tuple, exception: type[BaseException], *,
+                 reference: Callable | None = None, why: str = "", hint: str | None = None) -> None:
+    """Pass when ``fn(*args)`` raises `exception`. `reference`, when given, must raise it too
+    (else the check itself is wrong: AssertionError). `why` says why it must raise."""
+    if reference is not None:
+        try:
+            reference(*args)
+        except exception:
+            pass
+        else:
+            raise AssertionError(f"{name}: the reference does not raise {exception.__name__} "
+                                 f"for {args!r}")
+    call = _call_text(fn, args, {})
+    try:
+        got = fn(*args)
+    except exception:
+        _passed(name, f"{call} raises {exception.__name__}")
+        return
+    except GradingError:
+        raise
+    except NotImplementedError as exc:
+        raise _not_attempted(name, call, exc) from exc
+    except Exception as exc:  # noqa: BLE001 - say what the learner's code did instead
+        outcome = f"raised {type(exc).__name__}: {exc}"
+    else:
+        outcome = f"returned {_short_repr(got)}"
+    raise _fail(name, f"{call} {outcome}; expected {exception.__name__}" + (f": {why}" if why else ""),
+                compare=False, hint=hint)
 
 
 def check_tensor_close(name: str, received, expected, *, rtol: float = 1e-5, atol: float = 1e-8,

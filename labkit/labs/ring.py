@@ -23,11 +23,18 @@ Each rank checks two inputs with exact small-integer values (so the order of add
 matter): a small one (3N elements) and one of `--bytes` (default 4 MiB); the bytes it sends in the
 large call (the `wchar` delta of /proc/self/io: every byte gloo writes to its sockets) are
 compared with the ring's figure, `labkit.comm.bytes_sent_per_rank`.
+
+Only point-to-point messages are allowed: while the function runs, torch.distributed's
+collectives (and the process group's own) raise, and the check reports `refused` ("your
+ring_all_reduce calls torch.distributed.all_reduce; write it yourself ..."): an all-reduce that
+calls dist.all_reduce sends the right bytes too. A lab that hangs (the classic deadlock of
+blocking sends) is stopped after `timeout` s (45 by default; a correct run takes ~6 s on 2 cores).
 """
 from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import importlib.util
 import inspect
 import linecache
@@ -39,6 +46,21 @@ from dataclasses import dataclass, field
 
 OPS = ("all_reduce", "all_gather")
 DEFAULT_BYTES = 4 * 2**20
+DEFAULT_TIMEOUT = 45      # seconds: the deadlock bound (a correct run takes ~6 s on 2 cores)
+# What the learner's function may not call in the ranks (torch.distributed's module functions,
+# its functional collectives, and the process group's methods): everything but send/recv.
+COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor",
+               "all_gather_object", "all_gather_coalesced", "all_gather_tensor",
+               "_all_gather_base", "reduce_scatter", "reduce_scatter_tensor",
+               "_reduce_scatter_base", "all_to_all", "all_to_all_single", "broadcast",
+               "broadcast_object_list", "reduce", "gather", "gather_object", "scatter",
+               "scatter_object_list")
+PG_COLLECTIVES = ("allreduce", "allreduce_coalesced", "allgather", "allgather_coalesced",
+                  "allgather_into_tensor_coalesced", "_allgather_base", "all_gather_single",
+                  "all_gather_single_coalesced", "reduce_scatter", "reduce_scatter_single",
+                  "reduce_scatter_single_coalesced", "reduce_scatter_tensor_coalesced",
+                  "_reduce_scatter_base", "alltoall", "alltoall_base", "all_to_all_single",
+                  "broadcast", "reduce", "gather", "scatter")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -110,10 +132,11 @@ class CollectiveCheck:
     time_user: float                 # seconds per call, mean over iterations, max over ranks
     time_torch: float
     output: list = field(default_factory=list, repr=False)
+    refused: str = ""                # why the function was refused (it called a collective)
 
     @property
     def ok(self) -> bool:
-        return all(self.small_ok) and all(self.large_ok)
+        return not self.refused and all(self.small_ok) and all(self.large_ok)
 
     @property
     def sent_ratio(self) -> list:
@@ -128,11 +151,13 @@ class CollectiveCheck:
     def summary(self) -> str:
         lines = [f"{self.op} on {self.world_size} ranks, S = {self.nbytes:,} B "
                  f"({self.nbytes / 1e6:.2f} MB, {self.nbytes / 2**20:.2f} MiB):"]
+        if self.refused:
+            lines.append(f"  REFUSED: {self.refused}")
         for r in range(self.world_size):
             sent = "n/a" if self.sent[r] is None else (
                 f"{self.sent[r]:,.0f} B ({self.sent[r] / self.expected_sent:.4f} x ring figure)")
             lines.append(f"  rank {r}: {'correct' if self.small_ok[r] and self.large_ok[r] else 'WRONG'}"
-                         f", sent {sent}" + (f"  <- {self.problems[r]}" if self.problems[r] else ""))
+                         f", sent {sent}" + (f"  <- {self.problems[r]}" if self.problems[r] not in ("", self.refused) else ""))
         lines.append(f"  ring figure per rank: {self.expected_sent:,.0f} B")
         lines.append(f"  time per call: yours {self.time_user * 1e3:.2f} ms, torch's "
                      f"{self.time_torch * 1e3:.2f} ms, ratio {self.time_ratio:.2f}")
@@ -153,7 +178,8 @@ def _stub_message(fn):
 
 
 def run_user_collective(fn, op: str = "all_reduce", nproc: int = 4,
-                        nbytes: int = DEFAULT_BYTES, iters: int = 3, timeout: float = 120,
+                        nbytes: int = DEFAULT_BYTES, iters: int = 3,
+                        timeout: float = DEFAULT_TIMEOUT,
                         quiet: bool = True) -> CollectiveCheck:
     """Run `fn` (defined in a notebook cell or a module) on `nproc` ranks as the `op` it
     implements, against torch's collective: see the module docstring. Raises ValueError for a
@@ -192,7 +218,8 @@ def run_user_collective(fn, op: str = "all_reduce", nproc: int = 4,
         op=op, world_size=nproc, nbytes=rs[0]["nbytes"], small_ok=per("small_ok"),
         large_ok=per("large_ok"), max_error=per("max_error"), problems=per("problem"),
         sent=per("sent"), sent_torch=per("sent_torch"), expected_sent=rs[0]["expected_sent"],
-        time_user=max(per("time_user")), time_torch=max(per("time_torch")), output=res.output)
+        time_user=max(per("time_user")), time_torch=max(per("time_torch")), output=res.output,
+        refused=next((r for r in per("refused") if r), ""))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -215,11 +242,52 @@ def _inputs(op, numel, rank, world_size):
     return torch.randint(-8, 8, (per_rank,), generator=g).float()
 
 
-def _call(fn, op, x):
-    """(result, problem): run fn as `op` on a copy of x."""
+class _Refused(Exception):
+    """The learner's function called a collective."""
+
+
+@contextlib.contextmanager
+def point_to_point_only(func: str, refusals: list):
+    """While inside, every collective of torch.distributed (module functions, functional
+    collectives, process-group methods) raises _Refused naming `func`, noted in `refusals`."""
+    import torch.distributed as tdist
+    from torch.distributed import distributed_c10d
+
+    def refuse(what):
+        def refused(*args, **kwargs):
+            message = (f"your {func} calls {what}; write it yourself with dist.isend/dist.irecv "
+                       "(only point-to-point messages)")
+            refusals.append(message)
+            raise _Refused(message)
+        return refused
+
+    modules = [tdist, distributed_c10d, sys.modules.get("torch.distributed._functional_collectives")]
+    targets = [(m, n, f"{m.__name__}.{n}") for m in modules if m is not None
+               for n in COLLECTIVES if n in vars(m)]
+    targets += [(tdist.ProcessGroup, n, f"ProcessGroup.{n}") for n in PG_COLLECTIVES
+                if n in vars(tdist.ProcessGroup)]
+    saved = [(owner, name, vars(owner)[name]) for owner, name, _ in targets]
+    try:
+        for owner, name, what in targets:
+            setattr(owner, name, refuse(what.replace("torch.distributed.distributed_c10d",
+                                                     "torch.distributed")))
+        yield
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)
+
+
+def _call(fn, op, x, refusals: list, func: str):
+    """(result, problem): run fn as `op` on a copy of x, collectives refused."""
     import torch
     y = x.clone()
-    ret = fn(y)
+    try:
+        with point_to_point_only(func, refusals):
+            ret = fn(y)
+    except _Refused:
+        return None, refusals[0]
+    if refusals:
+        return None, refusals[0]
     if op == "all_reduce":
         return y, ("" if ret is None or ret is y or not isinstance(ret, torch.Tensor)
                    or torch.equal(ret, y) else
@@ -282,9 +350,10 @@ def main(argv=None) -> None:
     numel = max(1, parse_size(args.bytes) // (elem * n)) * n
     nbytes = numel * elem
 
+    refusals: list = []
     # 1) a small input
     x = _inputs(args.op, 3 * n, rank, n)
-    got, problem = _call(fn, args.op, x)
+    got, problem = _call(fn, args.op, x, refusals, args.func)
     small_ok, _, why = _compare(args.op, got, _reference(args.op, x, n), rank, "small")
     problem = problem or why
     # 2) the large input, counting the bytes written to sockets during the call
@@ -292,7 +361,7 @@ def main(argv=None) -> None:
     want = _reference(args.op, x, n)
     tdist.barrier()
     w0 = bytes_written()
-    got, why = _call(fn, args.op, x)
+    got, why = _call(fn, args.op, x, refusals, args.func)
     w1 = bytes_written()
     tdist.barrier()
     sent = None if w0 is None else w1 - w0
@@ -309,7 +378,9 @@ def main(argv=None) -> None:
     for _ in range(args.iters):
         tdist.barrier()
         t0 = time.perf_counter()
-        fn(x) if args.op == "all_gather" else fn(y)      # all_reduce: in place, on y
+        if not refusals:
+            with point_to_point_only(args.func, refusals):
+                fn(x) if args.op == "all_gather" else fn(y)      # all_reduce: in place, on y
         t_user += time.perf_counter() - t0
         tdist.barrier()
         t0 = time.perf_counter()
@@ -317,6 +388,7 @@ def main(argv=None) -> None:
         t_torch += time.perf_counter() - t0
     dist.report(nbytes=nbytes, small_ok=small_ok, large_ok=large_ok, max_error=err,
                 problem=problem, sent=sent, sent_torch=sent_torch,
+                refused=refusals[0] if refusals else "",
                 expected_sent=bytes_sent_per_rank(args.op, nbytes, n),
                 time_user=t_user / args.iters, time_torch=t_torch / args.iters)
     dist.print0(f"{args.func} as {args.op} on {n} ranks, S = {nbytes} B: "

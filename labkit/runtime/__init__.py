@@ -1,9 +1,10 @@
 """The distributed runtime (layer 3): starting labs and what runs inside a rank.
 
-- `launch`: `run_lab` starts a lab under torchrun from a notebook or the shell and says how it
-  ended (`LabError` names the failing rank); `teardown` and `postmortem` are its two halves
-  (stopping everything; reading what the ranks left behind); `guard` makes torchrun die with
-  the process that launched it.
+- `launch`: `run_lab` starts a lab under torchrun from a notebook or the shell; `results`
+  holds what it returns (`LabResult`, `LabError`); `verdict` says how the lab ended and which
+  rank failed first; `teardown` stops everything; `postmortem` reads what the ranks left
+  behind; `rundir` owns each run's directory; `guard` makes torchrun and the ranks die with the
+  process that launched them.
 - `bootstrap`: what each rank runs around the lab (records, error files, the launcher watchdog).
 - `dist`: inside a rank: process group, device, seeding, `report()`, clean shutdown.
 - `measure`: inside a rank: bytes held, activations saved, collectives sent, step time.

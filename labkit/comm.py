@@ -44,8 +44,9 @@ def bus_factor(op: str, world_size: int) -> float:
 
 def algbw(nbytes, seconds) -> float:
     """nccl-tests' algorithm bandwidth S / t, bytes/s."""
-    return (validate.non_negative("nbytes", nbytes, validate.MAX_BYTES)
-            / validate.positive("seconds", seconds))
+    S = validate.non_negative("nbytes", nbytes, validate.MAX_BYTES)
+    return S / validate.at_least("seconds", validate.positive("seconds", seconds),
+                                 validate.MIN_SECONDS)
 
 
 algorithm_bandwidth = algbw
@@ -86,8 +87,9 @@ def collective_time(op, nbytes, world_size, bandwidth, latency=0.0, algorithm="r
     validate.choice("algorithm", algorithm, ALGORITHMS)
     n = validate.positive_int("world_size", world_size, validate.MAX_RANKS)
     S = validate.non_negative("nbytes", nbytes, validate.MAX_BYTES)
-    B = validate.positive("bandwidth", bandwidth)
-    a = validate.non_negative("latency", latency)
+    B = validate.at_least("bandwidth", validate.positive("bandwidth", bandwidth),
+                          validate.MIN_BANDWIDTH)
+    a = validate.non_negative("latency", latency, validate.MAX_LATENCY)
     if n == 1:
         return 0.0
     if algorithm == "tree":
@@ -215,8 +217,9 @@ def step_communication(strategy, model=None, num_params=None, dp=1, tp=1, pp=1, 
                              ("pp", pp, validate.MAX_LAYERS), ("cp", cp, validate.MAX_RANKS),
                              ("microbatches", microbatches, validate.MAX_BATCH),
                              ("chunks", chunks, validate.MAX_LAYERS)))
-    pb, gb, ab = (validate.positive(k, x) for k, x in (("param_bytes", param_bytes),
-                  ("grad_bytes", grad_bytes), ("activation_bytes", activation_bytes)))
+    pb, gb, ab = (validate.positive(k, x, validate.MAX_ELEMENT_BYTES) for k, x in
+                  (("param_bytes", param_bytes), ("grad_bytes", grad_bytes),
+                   ("activation_bytes", activation_bytes)))
     spec = None if model is None else get_model(model)
     out = StepComm(strategy)
     add = out.collectives.append

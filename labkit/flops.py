@@ -88,7 +88,8 @@ def flops_per_step(model, batch_size, seq_len=None, causal=False, recompute="non
 def mfu(model, tokens_per_second, gpu, num_gpus=1, seq_len=None, dtype="bf16",
         causal=False) -> float:
     """Model FLOPs utilisation: model FLOPs per token x tokens/s / (num_gpus x dense peak)."""
-    tps = validate.positive("tokens_per_second", tokens_per_second)
+    tps = validate.positive("tokens_per_second", tokens_per_second,
+                            validate.MAX_TOKENS_PER_SECOND)
     g = validate.positive_int("num_gpus", num_gpus, validate.MAX_RANKS)
     peak = get_gpu(gpu).flops(dtype)
     return flops_per_token(model, seq_len, causal) * tps / (g * peak)
@@ -97,7 +98,8 @@ def mfu(model, tokens_per_second, gpu, num_gpus=1, seq_len=None, dtype="bf16",
 def hfu(model, tokens_per_second, gpu, num_gpus=1, seq_len=None, dtype="bf16",
         causal=False, recompute="none") -> float:
     """Hardware FLOPs utilisation: like MFU but counting recomputed FLOPs (HFU >= MFU)."""
-    tps = validate.positive("tokens_per_second", tokens_per_second)
+    tps = validate.positive("tokens_per_second", tokens_per_second,
+                            validate.MAX_TOKENS_PER_SECOND)
     g = validate.positive_int("num_gpus", num_gpus, validate.MAX_RANKS)
     peak = get_gpu(gpu).flops(dtype)
     return flops_per_token(model, seq_len, causal, recompute, hardware=True) * tps / (g * peak)

@@ -20,6 +20,11 @@ MAX_BATCH = 10**8        # sequences in a batch, micro-batches in a step
 MAX_RANKS = 10**7        # ranks in a parallel group or a world (the largest clusters: ~1e5 GPUs)
 MAX_LAYERS = 10**5       # layers in a model, pipeline stages, virtual stages, FSDP units
 MAX_WIDTH = 10**8        # hidden size, ffn size, vocabulary, heads, head_dim
+MIN_BANDWIDTH = 1.0      # bytes/s on a link (a 1990s modem: ~5e3); slower, S / B overflows
+MAX_LATENCY = 1e3        # seconds per message (a geostationary satellite hop: ~0.6)
+MIN_SECONDS = 1e-30      # a measured duration (a clock tick: ~1e-9); shorter, S / t overflows
+MAX_TOKENS_PER_SECOND = 10**15   # a training run's throughput (the largest: ~1e8)
+MAX_ELEMENT_BYTES = 16   # bytes per stored value (fp64: 8, complex128: 16)
 
 
 def show(x) -> str:
@@ -32,10 +37,18 @@ def show(x) -> str:
     return f"{x:,g}".replace("e+0", "e").replace("e+", "e")
 
 
-def _repr(value) -> str:
+def describe(value, most: int = 40) -> str:
+    """repr(value) as a message quotes it, shortened: a huge whole number as `show` writes it
+    (pp=1.00e400, not 401 digits), a long text cut in the middle ('xxxx'...'xxxx' (5,000
+    characters))."""
     if isinstance(value, numbers.Integral) and not isinstance(value, bool) and abs(value) >= 10**16:
         return show(value)
-    return repr(value)
+    text = repr(value)
+    if len(text) <= most:
+        return text
+    if isinstance(value, str):
+        return f"{value[:most // 2]!r}...{value[-8:]!r} ({len(value):,} characters)"
+    return f"{text[:most]}... ({len(text):,} characters)"
 
 
 def _finite(value) -> bool:
@@ -60,7 +73,7 @@ def positive_int(name: str, value, at_most: int | None = None) -> int:
         isinstance(value, float) and value.is_integer())
     if not whole or value < 1 or (at_most is not None and value > at_most):
         bound = "" if at_most is None else f" and <= {show(at_most)}"
-        raise ValueError(f"{name}={_repr(value)} must be a whole number >= 1{bound}")
+        raise ValueError(f"{name}={describe(value)} must be a whole number >= 1{bound}")
     return int(value)
 
 
@@ -75,7 +88,8 @@ def _number(name, value, at_most, low, relation):
             bound = " and finite"
         else:
             bound = ""
-        raise ValueError(f"{name}={_repr(value)} must be a number {relation} {low}{bound}")
+        raise ValueError(f"{name}={describe(value)} must be a number {relation} {show(low)}"
+                         f"{bound}")
     return float(value)
 
 
@@ -89,6 +103,13 @@ def non_negative(name: str, value, at_most: float | None = None) -> float:
     """Return `value` as a float if it is a finite real number >= 0 (and <= `at_most` when
     given), else raise ValueError."""
     return _number(name, value, at_most, 0, ">=")
+
+
+def at_least(name: str, value, low: float, at_most: float | None = None) -> float:
+    """Return `value` as a float if it is a finite real number >= `low` (and <= `at_most` when
+    given), else raise ValueError: for quantities with a smallest meaningful value (a message of
+    one byte, a link of 1 MB/s), below which results overflow or stop meaning anything."""
+    return _number(name, value, at_most, low, ">=")
 
 
 def divisors(n: int) -> list[int]:

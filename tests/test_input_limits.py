@@ -12,7 +12,8 @@ import pytest
 
 from labkit import validate
 from labkit.cli import main
-from labkit.comm import algbw, bytes_sent_per_rank, collective_time, step_communication
+from labkit.comm import (algbw, bus_bandwidth, bytes_sent_per_rank, collective_time,
+                         step_communication)
 from labkit.flops import attention_flops_per_token, flops_per_step, flops_per_token, mfu
 from labkit.memory import activation_bytes_per_layer, estimate_memory
 from labkit.models import get_model
@@ -41,7 +42,8 @@ INF, NAN = float("inf"), float("nan")
     (lambda: flops_per_step("gpt2", 10**9, 1024), "batch_size=1000000000 must be a whole number "
                                                   ">= 1 and <= 1e8"),
     (lambda: attention_flops_per_token("gpt2", INF), "seq_len=inf must be a whole number"),
-    (lambda: mfu("gpt2", INF, "h100-sxm"), "tokens_per_second=inf must be a number > 0 and finite"),
+    (lambda: mfu("gpt2", INF, "h100-sxm"), "tokens_per_second=inf must be a number > 0 and "
+                                           "<= 1e15"),
     (lambda: estimate_memory("debug", seq_len=128).fits(INF), "gpu=inf must be a number > 0 and "
                                                               "<= 1e18"),
     # sizes, bandwidths, latencies
@@ -52,8 +54,19 @@ INF, NAN = float("inf"), float("nan")
     (lambda: collective_time("all_reduce", 1e9, 8, INF), "bandwidth=inf must be a number > 0 and "
                                                          "finite"),
     (lambda: collective_time("all_reduce", 1e9, 8, 1e9, NAN), "latency=nan must be a number >= 0 "
-                                                              "and finite"),
+                                                              "and <= 1,000"),
     (lambda: collective_time("all_reduce", 1e9, 8, 1e9, INF), "latency=inf"),
+    # finite inputs whose results overflowed to inf (issue 11, point 11)
+    (lambda: collective_time("all_reduce", 1e18, 8, 1e-300), "bandwidth=1e-300 must be a number "
+                                                             ">= 1"),
+    (lambda: collective_time("all_reduce", 1e18, 10**7, 1e9, 1e305), "latency=1e+305 must be a "
+                                                                     "number >= 0 and <= 1,000"),
+    (lambda: algbw(1e18, 1e-300), "seconds=1e-300 must be a number >= 1e-30"),
+    (lambda: mfu("gpt2", 1e300, "h100-sxm"), "tokens_per_second=1e+300 must be a number > 0 and "
+                                             "<= 1e15"),
+    (lambda: step_communication("ddp", num_params=1e9, grad_bytes=1e300), "grad_bytes=1e+300 "
+                                                                          "must be a number > 0 "
+                                                                          "and <= 16"),
     (lambda: collective_time("all_reduce", 1e9, 10**8, 1e9), "world_size=100000000 must be a "
                                                              "whole number >= 1 and <= 1e7"),
     (lambda: bytes_sent_per_rank("all_gather", NAN, 4), "nbytes=nan"),
@@ -87,10 +100,14 @@ def test_the_limits_themselves_are_accepted_and_give_finite_numbers():
     assert math.isfinite(estimate_memory("llama2-7b", seq_len=2**20, batch_size=64).total)
 
 
+ANY_NUMBER = st.one_of(st.floats(allow_nan=True, allow_infinity=True),
+                      st.integers(-10**30, 10**30), st.sampled_from([1e-300, 1e300, 5e-324]))
+EXTREME = st.one_of(ANY_NUMBER, st.sampled_from([0.0, 5e-324, 1e-300, 1e-30, 1.0, 1e3, 1e18,
+                                                 1e300, INF, NAN]))
+
+
 @settings(max_examples=60, deadline=None)
-@given(value=st.one_of(st.floats(allow_nan=True, allow_infinity=True),
-                       st.integers(-10**30, 10**30)),
-       arg=st.sampled_from(["nbytes", "bandwidth", "latency"]))
+@given(value=ANY_NUMBER, arg=st.sampled_from(["nbytes", "bandwidth", "latency"]))
 def test_collective_time_is_finite_or_names_the_argument(value, arg):
     kw = {"nbytes": 1e9, "bandwidth": 1e10, "latency": 1e-5, arg: value}
     try:
@@ -99,6 +116,27 @@ def test_collective_time_is_finite_or_names_the_argument(value, arg):
         assert str(exc).startswith(f"{arg}=")
     else:
         assert math.isfinite(t) and t >= 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(nbytes=EXTREME, bandwidth=EXTREME, latency=EXTREME,
+       world_size=st.sampled_from([2, 8, 10**7]))
+def test_collective_time_and_busbw_are_finite_for_every_accepted_input(nbytes, bandwidth,
+                                                                      latency, world_size):
+    """All arguments at their extremes at once (1e18 bytes over 1e-300 bytes/s was inf)."""
+    try:
+        t = collective_time("all_reduce", nbytes, world_size, bandwidth, latency)
+    except ValueError as exc:
+        assert str(exc).startswith(("nbytes=", "bandwidth=", "latency="))
+        return
+    assert math.isfinite(t) and t >= 0
+    if t > 0:
+        try:
+            busbw = bus_bandwidth("all_reduce", nbytes, t, world_size)
+        except ValueError as exc:
+            assert str(exc).startswith("seconds=")
+        else:
+            assert math.isfinite(busbw)
 
 
 def test_labkit_mem_inf_exits_2_with_a_message(capsys):

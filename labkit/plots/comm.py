@@ -240,17 +240,18 @@ def ring_steps_figure(world_size: int = 4, columns: int = 4):
 
 def _terms(op, world_size, bandwidth, latency, algorithm=None):
     """Latency term (intercept) and seconds per byte (slope) of the cost model, read off
-    `collective_time` itself (it is affine in the message size), so no formula is copied here."""
+    `collective_time` itself (it is affine in the message size), so no formula is copied here.
+    The intercept is the time of an empty message and the slope that of a message at zero
+    latency, not a difference of two times (which rounds to 0 when the latency term dwarfs the
+    bandwidth term, or to a tiny negative intercept when there is no latency)."""
     from labkit.comm import collective_time
 
     kw = {} if algorithm is None else {"algorithm": algorithm}
-    s1, s2 = 2.0**20, 2.0**21
-    t1 = collective_time(op, nbytes=s1, world_size=world_size, bandwidth=bandwidth,
-                         latency=latency, **kw)
-    t2 = collective_time(op, nbytes=s2, world_size=world_size, bandwidth=bandwidth,
-                         latency=latency, **kw)
-    slope = (t2 - t1) / (s2 - s1)
-    return t1 - slope * s1, slope
+    s1 = 2.0**20
+    intercept = collective_time(op, nbytes=0.0, world_size=world_size, bandwidth=bandwidth,
+                                latency=latency, **kw)
+    return intercept, collective_time(op, nbytes=s1, world_size=world_size, bandwidth=bandwidth,
+                                      latency=0.0, **kw) / s1
 
 
 def crossover_bytes(op, world_size, bandwidth, latency, algorithm=None) -> float:

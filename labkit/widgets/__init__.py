@@ -17,6 +17,12 @@ import re
 import ipywidgets as widgets
 import traitlets
 
+from labkit import validate
+
+# Digits a typed whole number may have: int() refuses more than 4,300 (with a message about
+# sys.set_int_max_str_digits); below that the cost models name the argument and its range.
+MAX_DIGITS = 4000
+
 
 def error_html(exc: Exception) -> str:
     """The message a calculator shows instead of a result when its input is invalid (one line
@@ -50,12 +56,44 @@ def int_field(description: str, value: int, width: str = "250px",
 def whole_number(name: str, text: str) -> int:
     """The whole number typed into a field called `name`: digits, optionally signed and grouped
     with ',' or '_' ('1,024'); anything else ('2.5', '1e3', '') is a ValueError naming the field.
-    Ranges are the cost models' to check (they name the argument and its limits)."""
-    digits = re.sub(r"[,_]", "", str(text).strip())
+    Ranges are the cost models' to check (they name the argument and its limits); only a number
+    of more than MAX_DIGITS digits is refused here."""
+    text = str(text)
+    digits = re.sub(r"[,_]", "", text.strip())
+    typed = f"{name}={validate.describe(text)}"
     if not re.fullmatch(r"[+-]?\d+", digits):
-        raise ValueError(f"{name}={str(text)!r} is not a whole number; type digits only "
+        raise ValueError(f"{typed} is not a whole number; type digits only (e.g. 8 or 1024)")
+    count = len(digits.lstrip("+-"))
+    if count > MAX_DIGITS:
+        raise ValueError(f"{typed} has {count:,} digits; no field takes a number that large "
                          "(e.g. 8 or 1024)")
     return int(digits)
+
+
+class _NotNone(traitlets.Any):
+    allow_none = False           # traitlets skips the validators for None when it is allowed
+
+
+class _Chosen(traitlets.HasTraits):
+    """A selection that always holds one of its options: None ("nothing selected", which no
+    browser sends but a notebook cell can) is refused with a TraitError, as a value that is not
+    offered is, instead of reaching the calculator as a selected value."""
+
+    value = _NotNone(help="Selected value")
+
+    @traitlets.validate("value")
+    def _validate_value(self, proposal):
+        if proposal.value is None:
+            raise traitlets.TraitError("Invalid selection: nothing selected")
+        return super()._validate_value(proposal)
+
+
+class Dropdown(_Chosen, widgets.Dropdown):
+    """A Dropdown that always holds one of its options (never None)."""
+
+
+class ToggleButtons(_Chosen, widgets.ToggleButtons):
+    """ToggleButtons that always hold one of their options (never None)."""
 
 
 def row(children) -> widgets.HBox:
@@ -92,9 +130,15 @@ class Calculator:
                 raise ValueError(self._not_offered(name, value)) from None
 
     def _not_offered(self, name: str, value) -> str:
-        """The message for a starting value that is not among a selection control's options."""
-        allowed = ", ".join(repr(v) for v in _option_values(self.controls[name]))
-        return f"{name}={value!r} is not offered; allowed: {allowed}"
+        """The message for a starting value the control cannot take: not among a selection's
+        options, not a bool for a checkbox, not a float for a number field."""
+        w, shown = self.controls[name], validate.describe(value)
+        if isinstance(w, widgets.Checkbox):
+            return f"{name}={shown} is not True or False; allowed: True, False"
+        if not hasattr(w, "options"):
+            return f"{name}={shown} is not a float; allowed: a number"
+        allowed = ", ".join(repr(v) for v in _option_values(w))
+        return f"{name}={shown} is not offered; allowed: {allowed}"
 
     def read_ints(self, names) -> dict[str, int]:
         """The whole numbers typed into the text fields `names` (by control name), or one

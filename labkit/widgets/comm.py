@@ -24,21 +24,33 @@ from labkit.comm import ALGORITHMS, OPS, algbw, bus_bandwidth, bytes_sent_per_ra
 from labkit.hardware import LINKS
 from labkit.plots import png_bytes
 from labkit.plots.comm import crossover_bytes, fmt_size as _fmt_size, time_vs_size_figure
-from labkit.widgets import Calculator, error_html, int_field, table_html
+from labkit.widgets import (Calculator, Dropdown, ToggleButtons, error_html, int_field,
+                            table_html)
 
 CUSTOM = "custom"
 MB = 1e6
-# The largest value each number field takes: S up to the cost model's 1e18 bytes; a custom
-# link up to 1 PB/s (1,000x NVLink 5) and a latency up to 1 s.
-LIMITS = {"size_mb": validate.MAX_BYTES / MB, "bandwidth_gbs": 1e6, "latency_us": 1e6}
+# The values each number field takes (what its message names, smallest, largest): S from one
+# byte to the cost model's 1e18; a custom link from 1 MB/s (below any link in LINKS by 1e4) to
+# 1 PB/s (1,000x NVLink 5), and a latency up to 1 s. Every time shown then stays readable.
+RANGES = {"size_mb": ("message size S (MB)", 1 / MB, validate.MAX_BYTES / MB),
+          "bandwidth_gbs": ("custom bandwidth (GB/s per direction)", 1e-3, 1e6),
+          "latency_us": ("custom latency (µs)", 0.0, 1e6)}
+_LONG = (("years", 365.25 * 86400), ("days", 86400), ("hours", 3600), ("minutes", 60))
 
 
 def _fmt_time(t: float) -> str:
+    """'28.0 µs', '1.25 ms', '3.500 s'; from 2 minutes on also in the largest unit that fits
+    ('7,200 s (2.0 hours)'); tiny ones in powers of ten ('1.00e-15 s', not '0.0 µs')."""
+    if t < 1e-7:
+        return f"{t:.2e} s"
     if t < 1e-3:
         return f"{t * 1e6:,.1f} µs"
     if t < 1:
         return f"{t * 1e3:,.2f} ms"
-    return f"{t:,.3f} s"
+    if t < 120:
+        return f"{t:,.3f} s"
+    unit, size = next((u, n) for u, n in _LONG if t >= 2 * n)
+    return f"{t:,.0f} s ({t / size:,.1f} {unit})"
 
 
 class CommCalculator(Calculator):
@@ -57,17 +69,16 @@ class CommCalculator(Calculator):
         links = [(f"{v.name}: {v.bandwidth / 1e9:,.1f} GB/s per direction", k)
                  for k, v in LINKS.items()]
         c = {
-            "op": widgets.Dropdown(options=list(OPS), value="all_reduce", description="operation",
-                                   style=style, layout=wide),
-            "algorithm": widgets.ToggleButtons(options=list(ALGORITHMS), value="ring",
-                                               description="algorithm", style=style),
+            "op": Dropdown(options=list(OPS), value="all_reduce", description="operation",
+                           style=style, layout=wide),
+            "algorithm": ToggleButtons(options=list(ALGORITHMS), value="ring",
+                                       description="algorithm", style=style),
             # typed, not slid: message sizes span 10 orders of magnitude
             "size_mb": widgets.FloatText(value=1000.0, description="message S (MB)",
                                          style=style, layout=wide),
             "ranks": int_field("ranks N", 8, width="420px", description_width="150px"),
-            "link": widgets.Dropdown(options=links + [("custom bandwidth and latency", CUSTOM)],
-                                     value="nvlink4", description="link", style=style,
-                                     layout=wide),
+            "link": Dropdown(options=links + [("custom bandwidth and latency", CUSTOM)],
+                             value="nvlink4", description="link", style=style, layout=wide),
             "bandwidth_gbs": widgets.FloatText(value=25.0,
                                                description="custom GB/s (per dir.)",
                                                style=style, layout=wide),
@@ -92,22 +103,30 @@ class CommCalculator(Calculator):
         """The arguments passed to `collective_time` (bytes, ranks, bytes/s, seconds); raises
         ValueError naming the control when one is out of range."""
         c = self.controls
-        nbytes = validate.positive("message size S (MB)", c["size_mb"].value,
-                                   LIMITS["size_mb"]) * MB
+        nbytes = self._number("size_mb") * MB
         ranks = self.read_ints(["ranks"])["ranks"]
         if ranks < 2:
             raise ValueError(f"ranks N={ranks!r}: a collective needs at least 2 ranks; allowed: "
                              f"a whole number from 2 to {validate.show(validate.MAX_RANKS)}")
         if c["link"].value == CUSTOM:
-            bw = validate.positive("custom bandwidth (GB/s per direction)",
-                                   c["bandwidth_gbs"].value, LIMITS["bandwidth_gbs"]) * 1e9
-            lat = validate.non_negative("custom latency (µs)", c["latency_us"].value,
-                                        LIMITS["latency_us"]) * 1e-6
+            bw, lat = self._number("bandwidth_gbs") * 1e9, self._number("latency_us") * 1e-6
         else:
             link = LINKS[c["link"].value]
             bw, lat = link.bandwidth, link.latency
         return dict(op=c["op"].value, nbytes=nbytes, world_size=ranks, bandwidth=bw,
                     latency=lat, algorithm=c["algorithm"].value)
+
+    def _number(self, name: str) -> float:
+        """The value of number field `name`, checked against its range (RANGES)."""
+        label, low, high = RANGES[name]
+        return validate.at_least(label, self.controls[name].value, low, high)
+
+    def _not_offered(self, name, value) -> str:
+        if name in RANGES:
+            label, low, high = RANGES[name]
+            return (f"{name}={validate.describe(value)} is not a float; allowed: a number from "
+                    f"{validate.show(low)} to {validate.show(high)} ({label})")
+        return super()._not_offered(name, value)
 
     # ---- recomputing ---------------------------------------------------------------------
     def update(self) -> None:
@@ -140,13 +159,19 @@ class CommCalculator(Calculator):
                 f"{kw['bandwidth'] / 1e9:,.1f} GB/s per direction, α = "
                 f"{kw['latency'] * 1e6:g} µs")
 
+    @staticmethod
+    def _crossover(cross: float) -> str:
+        """Where the two terms are equal (nowhere with no latency: cross = 0)."""
+        if cross == 0:
+            return "; with no latency every size is bandwidth-bound"
+        return f"; the two terms are equal at S = {_fmt_size(cross)}"
+
     def _result_html(self, kw, t, t_lat, t_bw, cross) -> str:
         op, n, S = kw["op"], kw["world_size"], kw["nbytes"]
         bound = "latency-bound" if t_lat > t_bw else "bandwidth-bound"
         head = (f'<div class="labkit-verdict"><b>{html.escape(op)}</b> of {_fmt_size(S)} on '
                 f"{n} ranks ({kw['algorithm']}): <b>{_fmt_time(t)}</b>, {bound} (the latency "
-                f"term is {t_lat / t:.0%} of it; the two terms are equal at S = "
-                f"{_fmt_size(cross) if cross != float('inf') else '∞'}).</div>")
+                f"term is {t_lat / t:.0%} of it{self._crossover(cross)}).</div>")
         rows = [
             ("predicted time", _fmt_time(t)),
             ("latency term (α part)", _fmt_time(t_lat)),

@@ -25,13 +25,15 @@ import html
 
 import ipywidgets as widgets
 
+from labkit import validate
 from labkit.hardware import GPUS
 from labkit.memory import (OPTIMIZERS, PRECISIONS, RECOMPUTE, ZERO_STAGES, estimate_memory,
                            tp_degrees, tp_splits)
 from labkit.models import PRESETS, ModelSpec, get_model
 from labkit.plots import GB, fmt_bytes, fmt_count, png_bytes
 from labkit.plots.memory import memory_bars
-from labkit.widgets import Calculator, error_html, int_field, row, table_html
+from labkit.widgets import (Calculator, Dropdown, ToggleButtons, error_html, int_field, row,
+                            table_html)
 
 CUSTOM = "custom"
 SEQ_LENS = [2**k for k in range(7, 18)]          # 128 ... 131072 tokens
@@ -59,12 +61,12 @@ def _pick(description, options, value, width="250px", **style):
     if "button_width" in style:
         # ipywidgets 8 puts a ToggleButtons' label on a line of its own; laid out as the other
         # labelled controls are (a row, the label right-aligned), it sits beside its buttons.
-        toggles = widgets.ToggleButtons(options=options, value=value, description=description,
-                                        style=style, layout=widgets.Layout(width=width))
+        toggles = ToggleButtons(options=options, value=value, description=description,
+                                style=style, layout=widgets.Layout(width=width))
         toggles.add_class("widget-inline-hbox")
         return toggles
-    return widgets.Dropdown(options=options, value=value, description=description, style=style,
-                            layout=widgets.Layout(width=width))
+    return Dropdown(options=options, value=value, description=description, style=style,
+                    layout=widgets.Layout(width=width))
 
 
 class MemoryCalculator(Calculator):
@@ -196,8 +198,8 @@ class MemoryCalculator(Calculator):
     def _tp_message(spec, tp) -> str:
         """'tp=3 does not divide 32 attention heads; try 1, 2, 4, 8, 16 or 32'."""
         what, count = next((k, n) for k, n in tp_splits(spec).items() if n % tp)
-        return (f"tp={tp} does not divide {_SPLIT_NAMES[what].format(count)}; try "
-                f"{_or(tp_degrees(spec))}")
+        return (f"tp={validate.describe(tp)} does not divide "
+                f"{_SPLIT_NAMES[what].format(count)}; try {_or(tp_degrees(spec))}")
 
     @staticmethod
     def _pp_choices(spec) -> list[int]:
@@ -208,7 +210,7 @@ class MemoryCalculator(Calculator):
         most = cls._pp_choices(spec)[-1]
         why = (f"is more than the {most} layers of {spec.name}" if most == spec.num_layers
                else f"is more than the {most} stages this calculator offers")
-        return f"pp={pp} {why}; try 1 to {most}"
+        return f"pp={validate.describe(pp)} {why}; try 1 to {most}"
 
     def _not_offered(self, name, value) -> str:
         if name in ("tp", "pp") and isinstance(value, int) and value >= 1:

@@ -3,13 +3,18 @@
 Each check's result is printed as soon as it is known, with the seconds it took; the summary
 follows. With --json the progress goes to stderr and the report, as JSON, to stdout.
 Exit status: 0 when every check passes, 1 when any fails, 2 when the input cannot be graded
-(missing file, not a notebook, a lesson instead of an exercise file, no solutions notebook).
+(missing file, not a notebook, a damaged one, a lesson instead of an exercise file, no solutions
+notebook), 128 + the signal when stopped by Ctrl-C (SIGINT) or SIGTERM (what a CI timeout
+sends): the kernel, and any lab it started, are stopped first. Killed by SIGKILL, the grader
+takes them with it too (labkit.course.kernel).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
         started.append(report)
         show(report.header())
 
+    caught: list[int] = []
+    previous = _stop_on_sigterm(caught)
     try:
         report = grade_notebook(args.notebook, template=args.template, timeout=args.timeout,
                                 on_start=on_start,
@@ -51,10 +58,32 @@ def run(args: argparse.Namespace) -> int:
     except GradeInputError as exc:
         print(f"labkit grade: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        sig = signal.Signals(caught[0] if caught else signal.SIGINT)
+        print(f"labkit grade: stopped by {sig.name}; the kernel and any lab it started were "
+              "stopped, nothing was graded", file=sys.stderr)
+        return 128 + sig
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     show(report.footer())
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     return 0 if report.ok else 1
+
+
+def _stop_on_sigterm(caught: list[int]):
+    """SIGTERM stops grading the way Ctrl-C does (the kernel is killed at once, temporary files
+    removed), instead of ending the process where it stands. Returns the handler it replaced
+    (None off the main thread, where handlers cannot be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def stop(signum, frame):
+        caught.append(signum)
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, stop)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,7 +5,9 @@
   check); `committed` reads the committed copies (a learner's edits never fail the sync check)
   and backs up an edited exercise before it is regenerated.
 - `grader`: `grade_notebook`, which runs the learner's answer cells inside the trusted template;
-  `kernel` executes it cell by cell with a hard time limit; `report` holds the results.
+  `learner` reads the learner's file (a damaged one is refused with a message); `kernel`
+  executes the graded notebook cell by cell with a hard time limit and capped output; `seal`
+  keeps what the checks use out of the answers' reach; `report` holds the results.
 - `grading`: the checks that template cells call; each says what is wrong, with numbers.
   `reference` computes their references; `forbid` refuses answers that call what they must
   write (labkit's own function, a collective in the ring exercise) or read solutions/.

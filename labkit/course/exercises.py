@@ -258,10 +258,14 @@ def dumps(nb) -> str:
     return text if text.endswith("\n") else text + "\n"
 
 
-def read_notebook(path: Path | str) -> nbformat.NotebookNode:
+def parse_notebook(text: str) -> nbformat.NotebookNode:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # e.g. MissingIDFieldWarning on nbformat 4.4 files
-        return nbformat.read(str(path), as_version=4)
+        return nbformat.reads(text, as_version=4)
+
+
+def read_notebook(path: Path | str) -> nbformat.NotebookNode:
+    return parse_notebook(Path(path).read_text(encoding="utf-8"))
 
 
 def render_path(solution_path: Path | str) -> str:

@@ -11,8 +11,9 @@ compare with) and this module are forbidden to every exercise. Two lines of defe
 2. ``install(plan, protected)``, first thing in the grading kernel: each forbidden callable is
    replaced by a wrapper that refuses calls made directly from an exercise cell's code (raising
    ``ForbiddenCall``, a GradingError: "your f calls X; write it yourself") and passes calls from
-   anywhere else (the checks, labkit, torch) through; an audit hook refuses opening files under
-   the protected (solutions) directories. ``expect(exercise, source)``, sent before each exercise
+   anywhere else (the checks, labkit, torch) through; an audit hook refuses opening, truncating,
+   moving or deleting anything under the protected (solutions) directories (the grader also
+   keeps its own copy of the template). ``expect(exercise, source)``, sent before each exercise
    cell, tells the kernel which code is the learner's. Refusals are remembered (a try/except in
    the answer does not hide them): ``trips()`` returns them for the grader.
 
@@ -50,7 +51,8 @@ def valid_name(name) -> bool:
 
 # ----------------------------------------------------------------------------- 1. static scan
 
-def _python(source: str) -> str:
+def python_source(source: str) -> str:
+    """`source` with IPython's syntax (magics, `!cmd`) turned into Python."""
     try:
         from IPython.core.inputtransformer2 import TransformerManager
         return TransformerManager().transform_cell(source)
@@ -154,7 +156,7 @@ def _defined_names(tree) -> set[str]:
 def scan(source: str, forbid, exercise: str) -> str | None:
     """Why the answer `source` of `exercise` is refused (one sentence), or None when it is not."""
     try:
-        tree = ast.parse(_python(source))
+        tree = ast.parse(python_source(source))
     except SyntaxError:
         return None          # it runs, and fails with Python's own message
     scanner = _Scanner(set(forbid), exercise, _defined_names(tree))
@@ -177,8 +179,10 @@ def _resolve(name: str):
     for i in range(len(parts), 0, -1):
         try:
             obj = importlib.import_module(".".join(parts[:i]))
-        except ImportError:
-            continue
+        except ModuleNotFoundError as exc:
+            if exc.name and (name + ".").startswith(exc.name + "."):
+                continue                    # not a module: the prefix is (or a missing package)
+            raise                           # a module that one imports is missing
         owner, attr = None, None
         for part in parts[i:]:
             if not hasattr(obj, part):
@@ -234,24 +238,45 @@ def _wrap(name: str) -> None:
                     setattr(module, attr, guarded)
 
 
-def _audit(event: str, args) -> None:
-    if event != "open" or not _PROTECTED or isinstance(args[0], int):
-        return
+# audit events that name a path (argument positions), and what the learner's code does by them
+_PATH_EVENTS = {"open": ((0,), "reads"), "os.truncate": ((0,), "truncates"),
+                "os.remove": ((0,), "deletes"), "os.rmdir": ((0,), "deletes"),
+                "shutil.rmtree": ((0,), "deletes"), "os.rename": ((0, 1), "moves"),
+                "shutil.move": ((0, 1), "moves"), "os.link": ((0, 1), "links"),
+                "os.symlink": ((0, 1), "links"), "os.mkdir": ((0,), "writes into"),
+                "os.chmod": ((0,), "changes"), "os.utime": ((0,), "changes")}
+
+
+def _protected(path) -> bool:
+    if isinstance(path, int):
+        return False
     try:
-        path = os.path.abspath(os.fsdecode(args[0]))
+        path = os.path.abspath(os.fsdecode(path))
     except (TypeError, ValueError):
+        return False
+    return any(path == d or path.startswith(d + os.sep) for d in _PROTECTED)
+
+
+def _audit(event: str, args) -> None:
+    """Refuse opening, changing or deleting anything under the protected (solutions) dirs."""
+    if event not in _PATH_EVENTS or not _PROTECTED:
         return
-    if any(path == d or path.startswith(d + os.sep) for d in _PROTECTED):
-        exercise = _CURRENT[-1] if _CURRENT else "?"
-        frame = sys._getframe(1)
-        while frame is not None:
-            if frame.f_code.co_filename in _LEARNER:
-                exercise = _LEARNER[frame.f_code.co_filename]
-                break
-            frame = frame.f_back
-        message = f"your exercise {exercise} reads the solutions ({args[0]}); write it yourself"
-        _TRIPS.setdefault(exercise, message)
-        raise ForbiddenCall(message)
+    positions, verb = _PATH_EVENTS[event]
+    hits = [args[i] for i in positions if i < len(args) and _protected(args[i])]
+    if not hits:
+        return
+    if event == "open" and isinstance(args[1], str) and set(args[1]) & set("wax+"):
+        verb = "writes"
+    exercise = _CURRENT[-1] if _CURRENT else "?"
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_filename in _LEARNER:
+            exercise = _LEARNER[frame.f_code.co_filename]
+            break
+        frame = frame.f_back
+    message = f"your exercise {exercise} {verb} the solutions ({hits[0]}); write it yourself"
+    _TRIPS.setdefault(exercise, message)
+    raise ForbiddenCall(message)
 
 
 def install(plan: dict, protected=()) -> None:

@@ -12,47 +12,57 @@ source of its exercise cells:
    ``metadata.labkit.exercise``. Each template exercise takes the source of the learner cell with
    the same id; exercises left unmatched take, in order, the learner's exercise cells that have
    no known id. The learner's outputs, check cells, tags of other cells, markers and extra cells
-   are never used. An exercise missing from the file gets the stub and fails ("missing").
+   are never used. An exercise missing from the file gets the stub and fails ("missing"). A
+   damaged file (a cell that is not an object, a source that is not text) is refused with the
+   cell and what is wrong (labkit.course.learner).
 3. An answer that uses what its exercise asks to write (``metadata.labkit.forbid`` of the
    template's exercise cell, and the checks' references), or reads the solutions, is refused:
    by its source before it runs, and in the kernel when it calls one (labkit.course.forbid).
 4. The template with those sources swapped in is executed top to bottom in a fresh kernel of
    this interpreter (labkit.course.kernel: errors allowed so every check runs; a cell still
-   running at ``timeout`` s is interrupted, and killed with the kernel ``grace`` s later), with
-   the learner's notebook directory as working directory. Each check is reported (``on_check``)
-   as soon as its cell has run.
-5. A check passes when its cell ran without error and its exercise cell ran without error.
-   Otherwise its message is the exercise's problem ("not attempted yet", the exception it
-   raised, a timeout, a refusal) or the check's own error (a
-   ``labkit.course.grading.GradingError`` explains expected vs received).
+   running at ``timeout`` s is interrupted, and killed with the kernel ``grace`` s later; the
+   kernel dies with the grader; what it prints is kept up to a limit), with the learner's
+   notebook directory as working directory. The template is read once, before any learner code
+   runs: an answer that changes the solutions file changes nothing in this grade (and is named
+   in the notes). Each check is reported (``on_check``) as soon as its cell has run.
+5. Every cell of the template that is not an exercise runs through labkit.course.seal: a check
+   reads the names its exercises define from the learner and everything else (``grading``, the
+   references, the set-up's tables) as the template's own cells bound them, and what an answer
+   changed in labkit, math, builtins or IPython's error reporting is put back before it runs.
+   A check passes when its cell's reply says "ok", it shows no error, its code ran to its end
+   and its exercise cell ran without error. Otherwise its message is the exercise's problem
+   ("not attempted yet", the exception it raised, a timeout, a refusal) or the check's own
+   error (a ``labkit.course.grading.GradingError`` explains expected vs received).
 
-Not a sandbox: the learner's code runs in the kernel next to the checks and could, with intent,
-tamper with them. Grading is there to catch wrong answers, edited outputs, accidentally deleted
-or re-tagged cells and the obvious shortcuts, not a determined cheater.
+Not a sandbox: the learner's code runs in the kernel next to the checks, and code written
+against labkit.course.seal itself could still tamper with them. Grading is there to catch wrong
+answers, edited outputs, accidentally deleted or re-tagged cells, and the shortcuts and tricks
+that work on any notebook (rebinding a name a check uses, patching a function it calls, hiding
+its error), not a determined cheater.
 """
 from __future__ import annotations
 
 import ast
 import copy
+import hashlib
 import json
 import re
 import time
 from pathlib import Path
 
 from labkit.course import exercises as ex_mod
-from labkit.course import forbid
+from labkit.course import forbid, seal
 from labkit.course.exercises import NotebookFormatError
-from labkit.course.kernel import KILL_GRACE, CellRun, KernelStartError, execute
+from labkit.course.kernel import CELL_OUTPUT_LIMIT, KILL_GRACE, CellRun, KernelStartError, execute
+from labkit.course.learner import (GradeInputError, is_exercise_cell, learner_sources,  # noqa: F401
+                                   read_learner)
 from labkit.course.report import CheckResult, ExerciseResult, GradeReport  # noqa: F401 (API)
 
 # Seconds a cell may run: twice the limit of the labs the exercises start (run_user_collective's
 # 45 s), so a hung lab is reported by the lab itself (where each rank waits), not by the grader.
 DEFAULT_TIMEOUT = 90
 _FORBID = "__import__('labkit.course.forbid', fromlist=['forbid'])"
-
-
-class GradeInputError(Exception):
-    """The notebook or template cannot be graded (missing, not a notebook, no template)."""
+_SEAL = "__import__('labkit.course.seal', fromlist=['seal'])"
 
 
 # ------------------------------------------------------------------------------- locating files
@@ -90,29 +100,6 @@ def find_template(notebook: Path | str) -> Path:
         + "name the file like its module (e.g. 01_memory_math.ipynb) or pass --template PATH")
 
 
-def _read_learner(path: Path) -> list[dict]:
-    """The learner's cells as plain JSON dicts (no validation: only exercise sources are used)."""
-    if not path.exists():
-        raise GradeInputError(f"{path}: no such file")
-    if path.is_dir():
-        raise GradeInputError(f"{path} is a directory; give an exercise notebook (.ipynb)")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise GradeInputError(f"{path} is not a Jupyter notebook (not JSON: {exc})") from None
-    cells = data.get("cells") if isinstance(data, dict) else None
-    if not isinstance(cells, list):
-        raise GradeInputError(f"{path} is not a Jupyter notebook (no list of cells; "
-                              "nbformat 4 is required)")
-    return [c for c in cells if isinstance(c, dict)]
-
-
-def _is_exercise_cell(cell: dict) -> bool:
-    return cell.get("cell_type") == "code" and (
-        ex_mod.EXERCISE_TAG in ex_mod.cell_tags(cell)
-        or isinstance(ex_mod.labkit_meta(cell).get("exercise"), str))
-
-
 def _shown(path: Path) -> str:
     """`path` relative to the working directory when it is below it."""
     try:
@@ -123,7 +110,7 @@ def _shown(path: Path) -> str:
 
 def _refuse_non_exercise_file(path: Path, cells: list[dict], template: Path | None) -> None:
     """A lesson (or any file without exercise cells) is refused at once, naming the exercises."""
-    if any(_is_exercise_cell(c) for c in cells):
+    if any(is_exercise_cell(c) for c in cells):
         return
     kind = "a lesson, not an exercise file" if path.resolve().parent.name == "notebooks" else \
         "not an exercise file"
@@ -142,12 +129,15 @@ def _refuse_non_exercise_file(path: Path, cells: list[dict], template: Path | No
 
 
 def _read_template(path: Path):
+    """(notebook, layout, sha256 of the bytes): read once, before any learner code runs, so
+    nothing done to the file later changes this grade."""
     if not path.is_file():
         raise GradeInputError(f"template {path}: no such file")
     try:
-        nb = ex_mod.read_notebook(path)
+        data = path.read_bytes()
+        nb = ex_mod.parse_notebook(data.decode("utf-8"))
         ex_mod.render(nb, path.name)  # all authoring rules: markers, ids, a check per exercise
-        return nb, ex_mod.layout(nb, where=str(path))
+        return nb, ex_mod.layout(nb, where=str(path)), hashlib.sha256(data).hexdigest()
     except NotebookFormatError as exc:
         raise GradeInputError(f"the template is not a valid solutions notebook: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - nbformat raises several kinds
@@ -155,36 +145,6 @@ def _read_template(path: Path):
 
 
 # ---------------------------------------------------------------------------------------- merge
-
-def learner_sources(cells: list[dict], lay: ex_mod.Layout) -> tuple[dict[str, str], list[str]]:
-    """Map template exercise ids to the learner's cell sources; notes on what was ignored."""
-    known = [e.id for e in lay.exercises]
-    found: dict[str, str] = {}
-    unnamed: list[tuple[int, str]] = []
-    notes: list[str] = []
-    count = 0
-    for cell in cells:
-        if not _is_exercise_cell(cell):
-            continue
-        id_ = ex_mod.labkit_meta(cell).get("exercise")
-        count += 1
-        src = ex_mod.source_text(cell)
-        if isinstance(id_, str) and id_ in known:
-            if id_ in found:
-                notes.append(f"exercise {id_} appears more than once in your file; "
-                             "the first one was graded")
-            else:
-                found[id_] = src
-        else:
-            unnamed.append((count, src))
-    for id_ in known:
-        if id_ not in found and unnamed:
-            _, found[id_] = unnamed.pop(0)
-    for n, _ in unnamed:
-        notes.append(f"exercise cell #{n} of your file matches no exercise of the template "
-                     "and was ignored")
-    return found, notes
-
 
 def build_graded_notebook(template_nb, lay: ex_mod.Layout, sources: dict[str, str],
                           refused: dict[str, str] | None = None):
@@ -250,7 +210,9 @@ def _exercise_result(e, run: CellRun, missing: bool, timeout: float, trips: dict
 
 
 def _check_result(c, run: CellRun, exercise: ExerciseResult | None, timeout: float,
-                  stopped: str) -> CheckResult:
+                  stopped: str, done=frozenset()) -> CheckResult:
+    """The check's verdict: it passes only when its cell's reply said "ok", it showed no error
+    and the kernel recorded that its code ran to its end (`done`, labkit.course.seal)."""
     def fail(message):
         return CheckResult(c.name, c.exercise, False, message, run.seconds)
 
@@ -283,6 +245,10 @@ def _check_result(c, run: CellRun, exercise: ExerciseResult | None, timeout: flo
         elif ename == "AssertionError" and not evalue:
             msg = "the check's assertion failed:\n" + run.error["traceback"]
         return fail(msg)
+    if run.status != "ok" or c.index not in done:
+        return fail("the check did not report its result (it did not run to its end): does "
+                    "your code change how the kernel runs cells or reports errors, e.g. "
+                    "get_ipython().set_custom_exc(...)? Answers may not")
     return CheckResult(c.name, c.exercise, True, "", run.seconds)
 
 
@@ -294,6 +260,8 @@ class _Progress:
         self.report, self.on_check = report, on_check
         self.runs: dict[int, CellRun] = {}
         self.trips: dict[str, str] = {}
+        self.done: set[int] = set()       # checks whose code ran to its end (labkit.course.seal)
+        self.changed: list[str] = []      # what answers changed that the checks use
         self.results: dict[str, ExerciseResult] = {}
         self.checks: dict[str, CheckResult] = {}
         self.stopped = "the kernel stopped earlier"
@@ -310,8 +278,13 @@ class _Progress:
 
     def cell_done(self, index: int, run: CellRun) -> None:
         self.runs[index] = run
-        if run.probe:
-            self.trips = json.loads(ast.literal_eval(run.probe))
+        if run.probe is not None:   # what labkit.course.seal says; unreadable: nothing is done
+            try:
+                state = json.loads(ast.literal_eval(run.probe))
+                self.trips, self.changed = dict(state["trips"]), list(state["changed"])
+                self.done = {int(i) for i in state["done"]}
+            except (ValueError, SyntaxError, TypeError, KeyError):
+                self.done = set()
         if run.killed:
             self.stopped = (f"the kernel was stopped after {_describe(index, self.lay)} ran past "
                             "the time limit")
@@ -328,7 +301,7 @@ class _Progress:
             exercise = self._exercise(e)
             if exercise is None:
                 return      # its exercise comes later in the notebook: decided at the end
-        result = _check_result(c, run, exercise, self.timeout, self.stopped)
+        result = _check_result(c, run, exercise, self.timeout, self.stopped, self.done)
         now = time.monotonic()
         result.seconds, self.last = now - self.last, now
         self.checks[c.name] = result
@@ -349,20 +322,59 @@ class _Progress:
                 self.report.notes.append(
                     f"cell {i} of the template (not an exercise) raised {run.error['ename']}: "
                     f"{run.error['evalue']}; an earlier exercise may have left a wrong value behind")
+        for i, run in enumerate(runs):
+            if run.dropped:
+                self.report.notes.append(
+                    f"{_describe(i, self.lay)} printed more than the grader keeps "
+                    f"({CELL_OUTPUT_LIMIT / 1e6:g} MB a cell; output truncated: "
+                    f"{run.dropped / 1e6:.1f} MB)")
+        if self.changed:
+            shown = ", ".join(self.changed[:6]) + (" ..." if len(self.changed) > 6 else "")
+            self.report.notes.append(f"your code changed {shown}; the grader put the originals "
+                                     "back before each check")
 
 
-def _guards(lay, graded, path: Path, template: Path) -> dict[int, list[str]]:
-    """Snippets the kernel runs before cells: install the guards, then name each answer."""
+def _guards(lay, template_nb, graded, path: Path, template: Path) -> dict[int, list[str]]:
+    """Snippets the kernel runs before cells: install the guards (labkit.course.forbid) and the
+    seal (labkit.course.seal), then name each answer."""
     plan = {e.id: list(e.forbid) for e in lay.exercises}
     protected = {str(template.parent.resolve())} | {str(d) for d in _solutions_dirs(path)}
     if any(path.resolve().is_relative_to(d) for d in protected):
         protected = set()      # a solutions notebook handed in as the learner's: nothing to hide
     first = next(i for i, c in enumerate(graded.cells) if c.cell_type == "code")
-    before = {first: [f"{_FORBID}.install({plan!r}, {sorted(protected)!r})"]}
+    answers = {e.index for e in lay.exercises}
+    learner = set().union(*(seal.bound_names(template_nb.cells[i].source) for i in answers))
+    modules = set().union(*(seal.imported_modules(c.source) for i, c in enumerate(graded.cells)
+                            if c.cell_type == "code" and i not in answers))
+    before = {first: [f"{_FORBID}.install({plan!r}, {sorted(protected)!r})",
+                      f"{_SEAL}.install({sorted(learner)!r}, {sorted(modules)!r})"]}
     for e in lay.exercises:
         code = f"{_FORBID}.expect({e.id!r}, {graded.cells[e.index].source!r})"
         before.setdefault(e.index, []).append(code)
     return before
+
+
+def sealed(graded, lay: ex_mod.Layout):
+    """`graded` with every code cell that is not an exercise run through labkit.course.seal."""
+    nb = copy.deepcopy(graded)
+    answers = {e.index for e in lay.exercises}
+    checks = {c.index for c in lay.checks}
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "code" and i not in answers and cell.source.strip():
+            cell.source = f"{_SEAL}.run({i}, {cell.source!r}, check={i in checks})"
+    return nb
+
+
+def _template_note(path: Path, digest: str) -> list[str]:
+    try:
+        same = hashlib.sha256(path.read_bytes()).hexdigest() == digest
+    except OSError:
+        same = False
+    if same:
+        return []
+    return [f"the solutions notebook {_shown(path)} was changed or removed while this notebook "
+            "was graded (this grade used the copy read before any of your code ran); if your "
+            f"code did that, restore it: git checkout -- {_shown(path)}"]
 
 
 def grade_notebook(path: Path | str, template: Path | str | None = None, *,
@@ -374,10 +386,10 @@ def grade_notebook(path: Path | str, template: Path | str | None = None, *,
     on_check(check_result): called for each check as soon as it is decided.
     """
     path = Path(path)
-    cells = _read_learner(path)
+    cells = read_learner(path)
     _refuse_non_exercise_file(path, cells, Path(template) if template is not None else None)
     template_path = Path(template) if template is not None else find_template(path)
-    template_nb, lay = _read_template(template_path)
+    template_nb, lay, digest = _read_template(template_path)
     if not lay.checks:
         raise GradeInputError(f"the template {template_path} has no check cells")
     sources, notes = learner_sources(cells, lay)
@@ -394,11 +406,13 @@ def grade_notebook(path: Path | str, template: Path | str | None = None, *,
     progress = _Progress(lay, sources, timeout, report, on_check)
     start = time.monotonic()
     try:
-        runs = execute(graded, timeout=timeout, cwd=Path(cwd) if cwd else path.resolve().parent,
-                       before=_guards(lay, graded, path, template_path),
-                       probe=f"{_FORBID}.trips()", on_cell=progress.cell_done, grace=grace)
+        runs = execute(sealed(graded, lay), timeout=timeout,
+                       cwd=Path(cwd) if cwd else path.resolve().parent,
+                       before=_guards(lay, template_nb, graded, path, template_path),
+                       probe=f"{_SEAL}.status()", on_cell=progress.cell_done, grace=grace)
     except KernelStartError as exc:
         raise GradeInputError(str(exc)) from exc
     progress.finish(runs)
+    report.notes += _template_note(template_path, digest)
     report.seconds = time.monotonic() - start
     return report

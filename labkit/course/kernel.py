@@ -7,6 +7,20 @@ inside C code, code that ignores SIGINT) gets the kernel and its process group k
 that cell is reported as killed and the cells after it are not run. Labs the kernel started
 with `run_lab` die with it (labkit.runtime.guard), so nothing is left running.
 
+The kernel dies with the grader, however the grader ends: it is started through
+labkit.runtime.guard (Linux's parent-death signal: SIGKILL when the grader's process is gone,
+even while the kernel holds the GIL in C code, where ipykernel's own parent poller cannot run),
+and a grader stopped by an exception (Ctrl-C, SIGTERM turned into one by `labkit grade`) kills
+the kernel's process group before anything else.
+
+What the grader keeps of the outputs is bounded: at most CELL_OUTPUT_LIMIT characters a cell
+and TOTAL_OUTPUT_LIMIT in all (errors are kept, shortened); what was dropped is counted
+(`CellRun.dropped`) and said in the cell's outputs. The kernel sends its stdout and stderr in
+messages of at most MESSAGE_CHARS characters (`bound_messages`), so that what the grader holds
+while it reads one stays small too. Each cell's execute-reply status is kept
+(`CellRun.status`): an error that a cell hid from its outputs (IPython's set_custom_exc) still
+counts, with the reply's name and value.
+
 Around the cells the caller may run snippets of its own (``before``: code per cell index, run
 silently first; ``probe``: an expression evaluated after every cell, its repr kept), and is told
 about each cell as soon as it has run (``on_cell(index, run)``).
@@ -20,10 +34,15 @@ import sys
 import tempfile
 import threading
 import time
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
 KILL_GRACE = 5.0  # seconds between the interrupt at the limit and killing the kernel
+CELL_OUTPUT_LIMIT = 1_000_000     # characters of output kept per cell
+TOTAL_OUTPUT_LIMIT = 8_000_000    # ... and for the whole notebook
+ERROR_TEXT_LIMIT = 4_000          # characters kept of an error's value
+MESSAGE_CHARS = 1 << 18           # the largest stream message the kernel sends
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -41,6 +60,8 @@ class CellRun:
     died: bool = False            # the kernel died by itself (a crash, os._exit, out of memory)
     seconds: float = 0.0
     probe: str | None = None      # repr of `probe` evaluated after the cell
+    status: str | None = None     # the execute reply's status: "ok", "error", "aborted"
+    dropped: int = 0              # characters of output not kept (over the limits)
 
 
 def kernel_env() -> dict:
@@ -105,26 +126,146 @@ class _Watchdog(threading.Thread):
                     self._deadline = None
 
 
-def _snippet(client, code: str, expression: str | None = None) -> dict:
-    """Run `code` silently in the kernel; the reply's content (with `expression`'s value)."""
-    kwargs = {"user_expressions": {"v": expression}} if expression else {}
+_SENT = {"chars": 0, "dropped": 0}     # in the kernel: stream output since take_dropped()
+
+
+def bound_messages(size: int = MESSAGE_CHARS, limit: int = CELL_OUTPUT_LIMIT) -> None:
+    """In the kernel: send stdout and stderr in messages of at most `size` characters, and at
+    most `limit` characters between two calls of take_dropped() (the grader's, after each cell);
+    the rest is counted, not sent. ipykernel alone sends what was written in 0.2 s as one
+    message (50 MB from a quick loop), faster than a grader reads them. `write` becomes a
+    property of the stream class, because IPython sets each stream's `write` during a cell (to
+    keep a copy in its history) and puts back the one it found after it."""
+    cls = type(sys.stdout)
+    if isinstance(vars(cls).get("write"), property):
+        return
+    write = cls.write
+
+    def chunked(self, text, *args, **kwargs):
+        state = vars(self)
+        for start in range(0, len(text), size) or [0]:
+            piece = text[start:start + size]
+            room = max(0, limit - _SENT["chars"])
+            _SENT["dropped"] += max(0, len(piece) - room)
+            piece = piece[:room]
+            if piece or not text:
+                write(self, piece, *args, **kwargs)
+            _SENT["chars"] += len(piece)
+            state["_labkit_unsent"] = state.get("_labkit_unsent", 0) + len(piece)
+            if state["_labkit_unsent"] >= size:
+                state["_labkit_unsent"] = 0
+                self.flush()            # sends what is buffered: one message
+        return len(text)
+
+    def get(self):
+        return vars(self).get("_labkit_write") or types.MethodType(chunked, self)
+
+    def put(self, value):       # IPython putting back the stream's own write: keep it chunked
+        vars(self)["_labkit_write"] = None if getattr(value, "__func__", None) is write else value
+
+    cls.write = property(get, put)
+
+
+def take_dropped() -> int:
+    """In the kernel: characters of output not sent since the last call; starts a new count."""
+    dropped = _SENT["dropped"]
+    _SENT.update(chars=0, dropped=0)
+    return dropped
+
+
+_SETUP = f"__import__('labkit.course.kernel', fromlist=['_']).bound_messages({MESSAGE_CHARS})"
+_DROPPED = "__import__('labkit.course.kernel', fromlist=['_']).take_dropped()"
+
+
+def _snippet(client, code: str, expressions: dict | None = None) -> dict:
+    """Run `code` silently in the kernel; the reply's content (with the expressions' values)."""
     msg_id = client.kc.execute(code, silent=True, store_history=False, allow_stdin=False,
-                               stop_on_error=False, **kwargs)
+                               stop_on_error=False, user_expressions=expressions or {})
     reply = client.wait_for_reply(msg_id)
     return (reply or {}).get("content", {})
 
 
-def _snippet_value(content: dict) -> str | None:
-    value = content.get("user_expressions", {}).get("v", {})
+def _snippet_value(content: dict, key: str) -> str | None:
+    value = content.get("user_expressions", {}).get(key, {})
     return value.get("data", {}).get("text/plain") if value.get("status") == "ok" else None
 
 
-def _errors(cell) -> dict | None:
-    for out in cell.get("outputs", []):
-        if out.get("output_type") == "error":
-            return {"ename": out.get("ename", ""), "evalue": out.get("evalue", ""),
-                    "traceback": clean_traceback(out.get("traceback", []))}
+def shorten(text: str, limit: int = ERROR_TEXT_LIMIT) -> str:
+    """`text` cut to about `limit` characters, saying how much was cut."""
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]} ... ({len(text) - limit:,} more characters)"
+
+
+def _errors(cell, reply: dict | None) -> dict | None:
+    """The cell's error: its error output, else the reply's when its status is not "ok"."""
+    sources = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+    if not sources and reply is not None and reply.get("status") != "ok":
+        sources = [{"ename": reply.get("ename") or reply.get("status") or "no reply",
+                    "evalue": reply.get("evalue", ""), "traceback": reply.get("traceback", [])}]
+    for out in sources:
+        return {"ename": shorten(out.get("ename", ""), 200),
+                "evalue": shorten(out.get("evalue", "")),
+                "traceback": clean_traceback(list(out.get("traceback", []))[-200:])}
     return None
+
+
+def _output_size(content: dict) -> int:
+    if "text" in content:
+        return len(content["text"])
+    data = content.get("data", {})
+    return sum(len(v) if isinstance(v, str) else len(str(v)) for v in data.values()) + \
+        len(content.get("evalue", "")) + sum(len(t) for t in content.get("traceback", []))
+
+
+def _client_class():
+    """NotebookClient that keeps bounded outputs and each cell's reply, and a kernel manager
+    that starts the kernel through labkit.runtime.guard (see the module docstring)."""
+    from jupyter_client import AsyncKernelManager
+    from nbclient import NotebookClient
+
+    from labkit.runtime import guard
+
+    class GuardedKernelManager(AsyncKernelManager):
+        def format_kernel_cmd(self, extra_arguments=None):
+            cmd = super().format_kernel_cmd(extra_arguments)
+            return guard.guarded_command(cmd) if guard.enabled() else cmd
+
+    class Client(NotebookClient):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, kernel_manager_class=GuardedKernelManager,
+                             store_widget_state=False, **kwargs)
+            self.kept: dict[int, int] = {}
+            self.dropped: dict[int, int] = {}
+            self.replies: dict[int, dict] = {}
+            self.on_cell_executed = self._keep_reply
+
+        def _keep_reply(self, cell, cell_index, execute_reply):
+            content = (execute_reply or {}).get("content", {})
+            self.replies[cell_index] = {k: content.get(k) for k in ("status", "ename", "evalue")
+                                        if k in content}
+
+        def output(self, outs, msg, display_id, cell_index):
+            content = msg["content"]
+            size = _output_size(content)
+            if msg["msg_type"] == "error":              # kept, shortened
+                content["evalue"] = shorten(content.get("evalue", ""))
+                content["traceback"] = [shorten(t, 2000)
+                                        for t in content.get("traceback", [])[-50:]]
+                return super().output(outs, msg, display_id, cell_index)
+            room = min(CELL_OUTPUT_LIMIT - self.kept.get(cell_index, 0),
+                       TOTAL_OUTPUT_LIMIT - sum(self.kept.values()))
+            if size > room and "text" in content and room > 0:
+                self.dropped[cell_index] = self.dropped.get(cell_index, 0) + size - room
+                content["text"], size = content["text"][:room], room
+            elif size > room:
+                self.dropped[cell_index] = self.dropped.get(cell_index, 0) + size
+                return None
+            self.kept[cell_index] = self.kept.get(cell_index, 0) + size
+            return super().output(outs, msg, display_id, cell_index)
+
+    return Client
 
 
 def clean_traceback(lines: list[str], keep: int = 25) -> str:
@@ -136,7 +277,6 @@ def clean_traceback(lines: list[str], keep: int = 25) -> str:
 def execute(nb, *, timeout: float, cwd: Path, before: dict | None = None,
             probe: str | None = None, on_cell=None, grace: float = KILL_GRACE) -> list[CellRun]:
     """Run every code cell of `nb` (outputs land in `nb`); one CellRun per cell of `nb`."""
-    from nbclient import NotebookClient
     from nbclient.exceptions import DeadKernelError
     from traitlets.config import Config
 
@@ -146,9 +286,9 @@ def execute(nb, *, timeout: float, cwd: Path, before: dict | None = None,
         if os.name == "posix":  # unix sockets: no "running over TCP without encryption" warning
             config.KernelManager.transport = "ipc"
             config.KernelManager.ip = os.path.join(tmp, "kernel")
-        client = NotebookClient(nb, config=config, kernel_name="python3", timeout=None,
-                                allow_errors=True, record_timing=False,
-                                resources={"metadata": {"path": str(cwd)}})
+        client = _client_class()(nb, config=config, kernel_name="python3", timeout=None,
+                                 allow_errors=True, record_timing=False,
+                                 resources={"metadata": {"path": str(cwd)}})
         # The kernel's own stdout/stderr (its log: "KeyboardInterrupt caught in kernel" when
         # jupyter_client interrupts it before shutting it down) go to a file, not the terminal.
         log_path = os.path.join(tmp, "kernel.log")
@@ -169,14 +309,42 @@ def execute(nb, *, timeout: float, cwd: Path, before: dict | None = None,
         dog.start()
         try:
             with client.setup_kernel():
-                _run_cells(client, nb, runs, dog, before or {}, probe, on_cell, DeadKernelError)
+                try:
+                    _run_cells(client, nb, runs, dog, before or {}, probe, on_cell,
+                               DeadKernelError)
+                except BaseException:   # stopped (Ctrl-C, SIGTERM): no graceful shutdown
+                    _signal(pgid, signal.SIGKILL)
+                    _quiet_interrupted_tasks()
+                    raise
         finally:
             dog.stop()
             _signal(pgid, signal.SIGKILL)   # anything the kernel left in its group
     return runs
 
 
+def _quiet_interrupted_tasks() -> None:
+    """An interrupt leaves nbclient's cell task pending in its event loop, to end with
+    DeadKernelError once the kernel is killed: mark that retrieved, so that asyncio does not
+    print "Task exception was never retrieved" with a traceback on the way out."""
+    import asyncio
+
+    try:
+        loop = asyncio.get_event_loop_policy().get_event_loop()
+    except RuntimeError:
+        return
+    for task in asyncio.all_tasks(loop):
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+
+def _truncated_note(dropped: int):
+    from nbformat.v4 import new_output
+
+    return new_output("stream", name="stdout",
+                      text=f"\n(output truncated: {dropped / 1e6:.1f} MB not kept)\n")
+
+
 def _run_cells(client, nb, runs, dog, before, probe, on_cell, dead_error) -> None:
+    _snippet(client, _SETUP)
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
@@ -195,10 +363,17 @@ def _run_cells(client, nb, runs, dog, before, probe, on_cell, dead_error) -> Non
                 dog.disarm()
                 run.seconds = time.monotonic() - start
             run.ran = True
-            run.error = _errors(cell)
+            reply = client.replies.pop(i, None)
+            run.status = (reply or {}).get("status")
+            run.error = _errors(cell, reply)
             run.timed_out = dog.interrupted
-            if probe:
-                run.probe = _snippet_value(_snippet(client, "", probe))
+            after = _snippet(client, "", {"dropped": _DROPPED, **({"v": probe} if probe else {})})
+            run.probe = _snippet_value(after, "v")
+            dropped = _snippet_value(after, "dropped")
+            run.dropped = client.dropped.pop(i, 0) + (int(dropped) if (dropped or "").isdigit()
+                                                      else 0)
+            if run.dropped:
+                cell.outputs.append(_truncated_note(run.dropped))
         except dead_error:
             run.killed = dog.killed
             run.timed_out = dog.interrupted

@@ -172,7 +172,8 @@ RECOMPUTE = ("none", "selective", "full")
 def step_communication(strategy, model=None, num_params=None, dp=1, tp=1, pp=1, cp=1,
                        batch_size=1, seq_len=None, microbatches=1, sequence_parallel=False,
                        recompute="none", param_bytes=4, grad_bytes=4, activation_bytes=2,
-                       units=None, reshard_after_forward=True, chunks=1) -> StepComm:
+                       units=None, reshard_after_forward=True, chunks=1,
+                       sp_regather=False) -> StepComm:
     """What one rank communicates in one training step under `strategy` (the busiest rank).
 
     Data parallel (group dp; Psi = parameters this rank's replica holds, i.e. / (tp x pp)):
@@ -195,7 +196,11 @@ def step_communication(strategy, model=None, num_params=None, dp=1, tp=1, pp=1, 
     - "tp": per layer and micro-batch, 2 all_reduce in the forward (after attention and MLP)
       and 2 in the backward (the conjugate f operators), each b x s x h x activation_bytes.
       With sequence_parallel each all_reduce becomes an all_gather + reduce_scatter of the same
-      S (same bytes on the wire). recompute="full" repeats the forward's collectives. The
+      S (same bytes on the wire): the paper's minimum (Korthikanti et al. 2022, §4.2.2), 4
+      all_gathers + 4 reduce_scatters per layer. Megatron-LM saves only its 1/tp slice of each
+      column-parallel linear's input and re-gathers it in the backward for the weight gradient:
+      sp_regather=True counts that implementation, 6 all_gathers + 4 reduce_scatters per layer.
+      recompute="full" repeats the forward's collectives. The
       vocab-parallel embedding and loss (one all-reduce of b s h each way, plus tiny ones) are
       not counted.
     - "pp": send/recv of b x s x h x activation_bytes per micro-batch and stage boundary,
@@ -212,6 +217,10 @@ def step_communication(strategy, model=None, num_params=None, dp=1, tp=1, pp=1, 
 
     validate.choice("strategy", strategy, STRATEGIES)
     validate.choice("recompute", recompute, RECOMPUTE)
+    validate.choice("sp_regather", sp_regather, (False, True))
+    if sp_regather and not sequence_parallel:
+        raise ValueError("sp_regather=True counts sequence parallelism's backward re-gather; "
+                         "it needs sequence_parallel=True")
     dp, tp, pp, cp, m, v = (validate.positive_int(k, x, at_most) for k, x, at_most in
                             (("dp", dp, validate.MAX_RANKS), ("tp", tp, validate.MAX_RANKS),
                              ("pp", pp, validate.MAX_LAYERS), ("cp", cp, validate.MAX_RANKS),
@@ -265,7 +274,10 @@ def step_communication(strategy, model=None, num_params=None, dp=1, tp=1, pp=1, 
         fwd = 2 * layers * m
         passes = 2 if recompute == "full" else 1
         if sequence_parallel:
-            add(Collective("all_gather", fwd * passes + fwd, sbh, tp, "g (fwd) / g-bar (bwd)"))
+            regather = fwd if sp_regather else 0
+            add(Collective("all_gather", fwd * passes + fwd + regather, sbh, tp,
+                           "g (fwd) / g-bar (bwd)" + (" + input re-gathered (bwd)" if regather
+                                                      else "")))
             add(Collective("reduce_scatter", fwd * passes + fwd, sbh, tp, "g-bar (fwd) / g (bwd)"))
         else:
             add(Collective("all_reduce", fwd * passes, sbh, tp, "g: after attention and MLP"))

@@ -74,14 +74,15 @@ GPUS: dict[str, GPU] = {
          "fp8": 1513 * T, "int8": 1513 * T}, 2000 * GB,
         "NVIDIA H100 datasheet (PCIe): BF16 1,513, FP8 3,026 TFLOPS with sparsity; dense is half"),
     "h200": GPU("NVIDIA H200 SXM 141GB", 141 * GB, _H100_SXM, 4800 * GB,
-                "NVIDIA H200 datasheet (SXM): same tensor cores as H100 SXM (BF16 1,979 TFLOPS "
-                "with sparsity, 989 dense), 141 GB HBM3e, 4.8 TB/s"),
+                "NVIDIA H200 datasheet (SXM): same tensor cores as H100 SXM (BF16 1,979 and FP8 "
+                "3,958 TFLOPS with sparsity, 989 and 1,979 dense), 141 GB HBM3e, 4.8 TB/s"),
     "b200": GPU(
         "NVIDIA B200 (HGX/DGX B200, per GPU)", 180 * GB,
-        {"fp64": 37 * T, "fp32": 75 * T, "tf32": 1100 * T, "bf16": 2250 * T, "fp16": 2250 * T,
+        {"fp64": 37 * T, "fp32": 75 * T, "tf32": 1125 * T, "bf16": 2250 * T, "fp16": 2250 * T,
          "fp8": 4500 * T, "int8": 4500 * T}, 7700 * GB,
-        "NVIDIA HGX B200 / DGX B200 datasheet, per GPU of 8: FP16/BF16 4.5 PFLOPS and FP8 9 "
-        "PFLOPS with sparsity (dense 2.25 and 4.5), 180 GB HBM3e (1,440 GB per DGX B200), "
+        "NVIDIA HGX B200 datasheet, 8 GPUs: TF32 18 PFLOPS, FP16/BF16 36 PFLOPS, FP8 72 PFLOPS "
+        "with sparsity; per GPU: TF32 2.25, FP16/BF16 4.5, FP8 9 PFLOPS with sparsity (dense "
+        "1.125, 2.25 and 4.5), 180 GB HBM3e (1,440 GB per DGX B200), "
         "7.7 TB/s; the 1,000 W HGX configuration, not the 1,200 W GB200 part"),
     "l4": GPU("NVIDIA L4 24GB", 24 * GB,
               {"fp32": 30.3 * T, "tf32": 60 * T, "bf16": 121 * T, "fp16": 121 * T,

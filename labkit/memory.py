@@ -1,4 +1,4 @@
-"""Training memory per GPU: model states (ZeRO) and activations (Korthikanti et al. 2022).
+"""Training memory per GPU: model states (ZeRO) and activations (per implementation).
 
     >>> m = estimate_memory("llama2-7b", batch_size=1, seq_len=4096, zero_stage=3, dp=8)
     >>> m.params, m.grads, m.optimizer_states, m.activations, m.total      # bytes per GPU
@@ -7,15 +7,18 @@ Model states (Rajbhandari et al. 2020, "ZeRO", §3.1 and Figure 1): mixed-precis
 2 bytes of fp16/bf16 weights and 2 bytes of gradients per parameter, plus K = 12 bytes of
 optimizer state (4 fp32 master weights, 4 momentum, 4 variance): 16 bytes per parameter. ZeRO
 stage 1 partitions the optimizer states over the dp ranks, stage 2 also the gradients, stage 3
-also the weights.
+also the weights. What other stacks keep is an option: fp32 gradients (`grad_accum`: Megatron-LM's
+18 B/param, DeepSpeed's and the Ultra-Scale Playbook's 20), CPU offload (`offload`, host bytes in
+`.host`), ZeRO-3's gathered unit (`largest_layer`), FP8 matmuls (precision="fp8-mixed"): see
+`labkit.precision` and `labkit.placement`.
 
-Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
-Models", §4 and Table 2): bytes stored for the backward pass per transformer layer, assuming
-16-bit activations and 1-byte dropout masks, for a GPT-style layer (multi-head attention and a 4h
-MLP). With precision="fp32" the forward stores fp32 values: `estimate_memory` counts 4 bytes for
-each value the paper counts at 2 (the masks stay 1 byte). labkit applies the same formula to
-Llama-style layers (grouped-query attention, gated MLP); there it is an approximation, and
-`labkit.runtime.measure` reports what a real run holds.
+Activations: bytes stored for the backward pass per transformer layer, term by term for the
+implementation that runs the model (`labkit.activations`, each checked against saved-tensor hooks
+on real models): implementation="megatron" is Korthikanti et al. 2022 ("Reducing Activation
+Recomputation in Large Transformer Models", §4 and Table 2: a GPT layer, 16-bit activations,
+1-byte dropout masks); "hf-gpt2" and "hf-llama" are transformers' GPT-2 and Llama (the defaults
+for those models, with SDPA attention, which keeps no s x s scores). With precision="fp32" the
+forward stores fp32 values: 4 bytes for each value counted at 2 (the masks stay 1 byte).
 
 Everything here is pure Python (no torch import); results are bytes per GPU.
 """
@@ -25,18 +28,23 @@ from dataclasses import dataclass, field
 import math
 import numbers
 
-from labkit import validate
+from labkit import activations, validate
 from labkit.hardware import GB, GiB, get_gpu
 from labkit.models import ModelSpec, get_model
+from labkit.placement import OFFLOAD, check_placement, describe_placement, model_states
+from labkit.precision import GRAD_ACCUM, gradient_bytes
 
 PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16")
+# Accepted by the estimators, kept out of PRECISIONS (what the CPU labs and exercises run).
+FP8_PRECISIONS = ("fp8-mixed",)
 OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw", "adamw-8bit")
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "gpipe")
 ZERO_STAGES = (0, 1, 2, 3)
 
 
-def state_bytes(precision: str = "bf16-mixed", optimizer: str = "adamw") -> tuple[int, int, int]:
+def state_bytes(precision: str = "bf16-mixed", optimizer: str = "adamw",
+                grad_accum: str = "param") -> tuple[int, int, int]:
     """(weight, gradient, optimizer-state) bytes per parameter.
 
     - "fp32": 4-byte weights and gradients; optimizer states in fp32.
@@ -45,32 +53,44 @@ def state_bytes(precision: str = "bf16-mixed", optimizer: str = "adamw") -> tupl
       Micikevicius et al. 2018). Optimizer moments in fp32.
     - "bf16": weights, gradients and moments all bf16, no master copy (what `torch.optim` does
       for bf16 parameters: its states are `zeros_like(param)`).
+    - "fp8-mixed" (Transformer Engine): as "bf16-mixed"; matmul inputs are cast to FP8 on the
+      fly (`labkit.precision`), so the model states do not shrink (TE's optional cache of FP8
+      weight copies across micro-batches, 1-2 B/param, is not counted).
+
+    grad_accum: "param" (gradients in the weights' dtype, ZeRO's count), "fp32" (Megatron-LM's
+    fp32 main_grad) or "both" (16-bit gradients + an fp32 copy for the step):
+    `labkit.precision.gradient_bytes`.
 
     Optimizer states per parameter: sgd none; sgd-momentum one buffer; adam / adamw two moments
     (exp_avg, exp_avg_sq); adamw-8bit two 1-byte moments (bitsandbytes' block-wise 8-bit Adam,
     Dettmers et al. 2022; the per-block fp32 scales, 4 bytes per 2048 values, are ignored).
     """
-    validate.choice("precision", precision, PRECISIONS)
+    validate.choice("precision", precision, PRECISIONS + FP8_PRECISIONS)
     validate.choice("optimizer", optimizer, OPTIMIZERS)
     weight = 4 if precision == "fp32" else 2
     master = 4 if precision.endswith("-mixed") else 0
     moment = 2 if precision == "bf16" else 4
     moments = {"sgd": 0, "sgd-momentum": moment, "adam": 2 * moment, "adamw": 2 * moment,
                "adamw-8bit": 2}[optimizer]
-    return weight, weight, master + moments
+    return weight, sum(gradient_bytes(weight, grad_accum)), master + moments
 
 
-def bytes_per_param(precision: str = "bf16-mixed", optimizer: str = "adamw") -> int:
+def bytes_per_param(precision: str = "bf16-mixed", optimizer: str = "adamw",
+                    grad_accum: str = "param") -> int:
     """Bytes of model states per parameter with no sharding: bf16-mixed + adamw -> 16
-    (2 weights + 2 gradients + 12 optimizer: ZeRO's K = 12)."""
-    return sum(state_bytes(precision, optimizer))
+    (2 weights + 2 gradients + 12 optimizer: ZeRO's K = 12); grad_accum="fp32" -> 18
+    (Megatron-LM), "both" -> 20 (the Ultra-Scale Playbook)."""
+    return sum(state_bytes(precision, optimizer, grad_accum))
 
 
 def activation_bytes_per_layer(seq_len, batch_size, hidden_size, num_heads, tp=1,
-                               sequence_parallel=False, recompute="none") -> float:
-    """Activation bytes one transformer layer keeps for backward (Korthikanti et al. 2022, Table 2).
+                               sequence_parallel=False, recompute="none", *,
+                               implementation="megatron", attention=None, num_kv_heads=None,
+                               ffn_size=None, precision="bf16-mixed", dropout=None) -> float:
+    """Activation bytes one transformer layer keeps for backward.
 
-    With s = seq_len, b = batch_size, h = hidden_size, a = num_heads, t = tp:
+    Called with the shape only, Korthikanti et al. 2022's Table 2 (implementation="megatron",
+    its eager attention). With s = seq_len, b = batch_size, h = hidden_size, a = num_heads, t = tp:
 
     - no recompute, tensor parallel:       s*b*h*(10 + 24/t + 5*a*s/(h*t))
       (t = 1 gives the unparallelised s*b*h*(34 + 5*a*s/h));
@@ -80,6 +100,10 @@ def activation_bytes_per_layer(seq_len, batch_size, hidden_size, num_heads, tp=1
     - full recompute: only the layer's 16-bit input, 2*s*b*h (Table 2's last row). With
       sequence parallelism that input is itself split along the sequence, so labkit counts
       2*s*b*h/t (Megatron-LM stores it that way; the paper's table does not distinguish).
+
+    implementation "hf-gpt2" / "hf-llama" with attention "eager" / "sdpa" (default "sdpa" for
+    them), num_kv_heads (default num_heads), ffn_size (default 4h), precision and dropout count
+    what transformers' models keep instead: `labkit.activations` has the terms.
     """
     s = validate.positive_int("seq_len", seq_len, validate.MAX_SEQ_LEN)
     b = validate.positive_int("batch_size", batch_size, validate.MAX_BATCH)
@@ -87,40 +111,22 @@ def activation_bytes_per_layer(seq_len, batch_size, hidden_size, num_heads, tp=1
     a = validate.positive_int("num_heads", num_heads, validate.MAX_WIDTH)
     t = validate.divides("tp", tp, "num_heads", a)
     validate.choice("recompute", recompute, RECOMPUTE)
-    return _layer_activations(s, b, h, a, t, sequence_parallel, recompute)
+    kv = a if num_kv_heads is None else validate.divides("num_kv_heads", num_kv_heads,
+                                                         "num_heads", a)
+    f = 4 * h if ffn_size is None else validate.positive_int("ffn_size", ffn_size,
+                                                             validate.MAX_WIDTH)
+    return sum(activations.layer_terms(
+        implementation, attention, s=s, b=b, h=h, a=a, kv=kv, ffn=f,
+        value_bytes=activation_value_bytes(precision), dropout=dropout, tp=t,
+        sequence_parallel=sequence_parallel, recompute=recompute).values())
 
 
 def activation_value_bytes(precision: str) -> int:
     """Bytes of one stored activation value under `precision`: 4 for "fp32" (the forward runs
-    in fp32), else 2 (fp16/bf16, the Korthikanti et al. setting). Dropout masks stay 1 byte."""
-    validate.choice("precision", precision, PRECISIONS)
+    in fp32), else 2 (fp16/bf16, the Korthikanti et al. setting; "fp8-mixed" is counted as bf16
+    too, though FP8 linear layers keep their inputs in 1 byte). Dropout masks stay 1 byte."""
+    validate.choice("precision", precision, PRECISIONS + FP8_PRECISIONS)
     return 4 if precision == "fp32" else 2
-
-
-def _layer_activations(s, b, h, a, t, sp, recompute, value_bytes=2, kv_len=None) -> float:
-    """Korthikanti et al. 2022 (§4.1), term by term, for `value_bytes`-byte activations.
-
-    Per layer, in units of s*b*h (value_bytes = 2 gives Table 2 exactly):
-    - kept whole by tensor parallelism (split by t only with sequence parallelism): the two
-      LayerNorm inputs, the QKV and MLP inputs (4 values), the attention-output and MLP dropout
-      masks (2 bytes): 4 * value_bytes + 2 (= 10);
-    - split by t: Q, K, V, the output projection's input (4 values), the GELU input and output
-      (8 values): 12 * value_bytes (= 24);
-    - the attention core, split by t: softmax output and dropout output (2 values) and the
-      dropout mask (1 byte) per score, a * s * kv_len scores: (2 * value_bytes + 1) a kv_len / h
-      (= 5 a s / h). kv_len: keys each query attends to (the whole sequence, also when context
-      parallelism gives this rank only s of the queries).
-    - full recompute: the layer's input only, value_bytes * s*b*h (= 2 s*b*h).
-    """
-    sbh = s * b * h
-    kv = s if kv_len is None else kv_len
-    if recompute == "full":
-        return value_bytes * sbh / (t if sp else 1)
-    whole = 4 * value_bytes + 2
-    split = 12 * value_bytes
-    attn_core = 0.0 if recompute == "selective" else (2 * value_bytes + 1) * a * kv / (h * t)
-    rest = (whole + split) / t if sp else whole + split / t
-    return sbh * (rest + attn_core)
 
 
 @dataclass
@@ -136,10 +142,16 @@ class MemoryEstimate:
     per_stage: list = field(default_factory=list)   # total bytes of every stage
     explain: dict = field(default_factory=dict)
     inputs: dict = field(default_factory=dict)
+    host: dict = field(default_factory=dict)    # this GPU's states in host memory (offload)
 
     @property
     def model_states(self) -> float:
         return self.params + self.grads + self.optimizer_states
+
+    @property
+    def host_bytes(self) -> float:
+        """Bytes of this GPU's model states that offload keeps in host memory (not in total)."""
+        return sum(self.host.values())
 
     @property
     def total(self) -> float:
@@ -162,6 +174,8 @@ class MemoryEstimate:
         rows = [("params", self.params), ("grads", self.grads),
                 ("optimizer_states", self.optimizer_states), ("activations", self.activations),
                 ("total", self.total)]
+        if self.host_bytes:
+            rows.append(("host (offload)", self.host_bytes))
         lines = [f"{'term':<17}{'GB':>10}{'GiB':>10}  what it is"]
         for name, value in rows:
             note = self.explain.get(name, "")
@@ -213,7 +227,9 @@ def tp_degrees(model) -> list[int]:
 def estimate_memory(model, batch_size=1, seq_len=None, precision="bf16-mixed",
                     optimizer="adamw", zero_stage=0, dp=1, tp=1, pp=1, cp=1,
                     sequence_parallel=False, recompute="none", microbatches=1,
-                    schedule="1f1b") -> MemoryEstimate:
+                    schedule="1f1b", implementation=None, attention=None,
+                    dropout=None, grad_accum="param", offload="none",
+                    largest_layer=None) -> MemoryEstimate:
     """Training memory per GPU, reported for the worst pipeline stage.
 
     model: a preset name, a ModelSpec, a transformers config, or a plain parameter count (then
@@ -226,10 +242,21 @@ def estimate_memory(model, batch_size=1, seq_len=None, precision="bf16-mixed",
         "1f1b" (Narayanan et al. 2021, §2.2), so the first stage holds the most.
     cp: context parallelism splits each sequence over cp ranks (activations divide by cp: each
         rank keeps s/cp tokens, whose queries attend to all s keys).
+    implementation: whose activations ("megatron": Korthikanti et al.'s Table 2; "hf-gpt2",
+        "hf-llama": what transformers' models keep); default from the model (GPT-2 ->
+        "hf-gpt2", Llama-style -> "hf-llama"). attention: "eager" (scores kept) or "sdpa"
+        (fused, no scores); default "sdpa" for transformers, "eager" for Megatron (the paper's).
+        dropout: default on for Megatron and GPT-2, off for Llama. `labkit.activations`.
+    grad_accum: "param" (ZeRO's 16 B/param), "fp32" (Megatron's main_grad, 18) or "both"
+        (16-bit + fp32 gradients, 20): `labkit.precision.gradient_bytes`.
+    offload: "none", "optimizer" (ZeRO-Offload) or "params" (ZeRO-3 / FSDP2 CPU offload); the
+        states kept on the host are in `.host`, not in `.total`. largest_layer: parameters of
+        the unit ZeRO-3 gathers at once (weights + gradient counted); `labkit.placement`.
     """
-    validate.choice("precision", precision, PRECISIONS)
+    validate.choice("precision", precision, PRECISIONS + FP8_PRECISIONS)
     validate.choice("optimizer", optimizer, OPTIMIZERS)
     validate.choice("zero_stage", zero_stage, ZERO_STAGES)
+    gathered = check_placement(zero_stage, offload, largest_layer)
     validate.choice("recompute", recompute, RECOMPUTE)
     validate.choice("schedule", schedule, SCHEDULES)
     dp, tp, cp = (validate.positive_int(n, v, validate.MAX_RANKS) for n, v in
@@ -237,7 +264,8 @@ def estimate_memory(model, batch_size=1, seq_len=None, precision="bf16-mixed",
     pp = validate.positive_int("pp", pp, validate.MAX_LAYERS)
     b = validate.positive_int("batch_size", batch_size, validate.MAX_BATCH)
     m = validate.positive_int("microbatches", microbatches, validate.MAX_BATCH)
-    w_bytes, g_bytes, o_bytes = state_bytes(precision, optimizer)
+    w_bytes, g_bytes, o_bytes = state_bytes(precision, optimizer, grad_accum)
+    grads = gradient_bytes(w_bytes, grad_accum)
 
     if isinstance(model, numbers.Real) and not isinstance(model, bool):
         n = validate.positive("model (parameter count)", model, validate.MAX_PARAMS)
@@ -259,31 +287,35 @@ def estimate_memory(model, batch_size=1, seq_len=None, precision="bf16-mixed",
         if sequence_parallel and tp > 1:
             validate.divides("tp", tp, "seq_len / cp", s // cp)
         per_stage = stage_params(spec, tp, pp)
+    implementation, attention, dropout = activations.resolve(implementation, attention, dropout,
+                                                             spec)
 
-    shard = {name: (dp if zero_stage >= k else 1)
-             for name, k in (("optimizer_states", 1), ("grads", 2), ("params", 3))}
     stages = []
     for i, n in enumerate(per_stage):
-        states = {"params": n * w_bytes / shard["params"], "grads": n * g_bytes / shard["grads"],
-                  "optimizer_states": n * o_bytes / shard["optimizer_states"]}
+        states, host = model_states(n, w_bytes, grads, o_bytes, zero_stage, dp, offload, gathered)
         act = 0.0
         if spec is not None:
             act = _stage_activations(spec, i, pp, b, s, cp, tp, sequence_parallel, recompute,
-                                     m, schedule, activation_value_bytes(precision))
-        stages.append((states, act))
-    totals = [sum(st.values()) + act for st, act in stages]
+                                     m, schedule, activation_value_bytes(precision),
+                                     (implementation, attention, dropout))
+        stages.append((states, act, host))
+    totals = [sum(st.values()) + act for st, act, _ in stages]
     worst = max(range(pp), key=lambda i: totals[i])
-    states, act = stages[worst]
+    states, act, host = stages[worst]
 
     inputs = dict(model=spec.name if spec else f"{model:,.0f} parameters", batch_size=b, seq_len=s,
                   precision=precision, optimizer=optimizer, zero_stage=zero_stage, dp=dp, tp=tp,
                   pp=pp, cp=cp, sequence_parallel=sequence_parallel, recompute=recompute,
-                  microbatches=m, schedule=schedule)
+                  microbatches=m, schedule=schedule, implementation=implementation,
+                  attention=attention, dropout=dropout, grad_accum=grad_accum, offload=offload,
+                  largest_layer=largest_layer)
     explain = _explain(per_stage[worst], worst, pp, tp, dp, zero_stage, (w_bytes, g_bytes,
                        o_bytes), precision, optimizer, spec, inputs)
+    explain.update(describe_placement(explain, grad_accum, offload, gathered, host))
     return MemoryEstimate(params=states["params"], grads=states["grads"],
                           optimizer_states=states["optimizer_states"], activations=act,
-                          stage=worst, per_stage=totals, explain=explain, inputs=inputs)
+                          stage=worst, per_stage=totals, explain=explain, inputs=inputs,
+                          host=host)
 
 
 def in_flight(stage: int, pp: int, microbatches: int, schedule: str = "1f1b") -> int:
@@ -294,28 +326,28 @@ def in_flight(stage: int, pp: int, microbatches: int, schedule: str = "1f1b") ->
 
 
 def _stage_activations(spec, i, pp, b, s, cp, tp, sp, recompute, m, schedule,
-                       value_bytes=2) -> float:
-    """Activation bytes of stage i: its layers x micro-batches in flight, plus the embedding's
-    dropout mask on the first stage and the output layer on the last (Korthikanti et al. 2022,
-    §4.3: s*b*h/t for the mask; 4*s*b*h/t*(1 + v/h) for the final norm's and head's 16-bit
-    inputs and the fp32 logits; the /t for h terms needs sequence parallelism).
+                       value_bytes=2, impl=("megatron", "eager", True)) -> float:
+    """Activation bytes of stage i: its layers x micro-batches in flight, plus what lies outside
+    the layers (`labkit.activations.stage_extra_terms`: the embedding's dropout mask on the
+    first stage, the final norm and the fp32 logits on the last; Korthikanti et al. 2022, §4.3).
+    `impl`: (implementation, attention, dropout).
 
     Context parallelism gives this rank s/cp of each sequence's tokens (every s*b*h term
     divides by cp), whose queries still attend to all s keys (the a*s^2*b attention-core term
     divides by cp, not cp^2). With fp32 activations (value_bytes = 4) each stored value
     doubles; the 1-byte dropout masks and the fp32 logits do not change."""
-    h, v = spec.hidden_size, spec.vocab_size
+    implementation, attention, dropout = impl
     s_local = s // cp
-    per_layer = _layer_activations(s_local, b, h, spec.num_heads, tp, sp, recompute,
-                                   value_bytes, kv_len=s)
+    shape = dict(s=s_local, b=b, h=spec.hidden_size, value_bytes=value_bytes, dropout=dropout,
+                 tp=tp, sequence_parallel=sp)
+    per_layer = sum(activations.layer_terms(
+        implementation, attention, a=spec.num_heads, kv=spec.num_kv_heads, q=spec.q_size,
+        ffn=spec.ffn_size, recompute=recompute, kv_len=s, **shape).values())
     k = in_flight(i, pp, m, schedule)
-    act = _stage_layers(spec.num_layers, pp)[i] * per_layer * k
-    split = tp if sp else 1
-    if i == 0:
-        act += s_local * b * h / split * k
-    if i == pp - 1:
-        act += (2 * value_bytes * s_local * b * h / split + 4 * s_local * b * v / tp) * k
-    return act
+    act = _stage_layers(spec.num_layers, pp)[i] * per_layer
+    act += sum(activations.stage_extra_terms(implementation, i == 0, i == pp - 1,
+                                             vocab=spec.vocab_size, **shape).values())
+    return act * k
 
 
 def _explain(n, worst, pp, tp, dp, zero_stage, bytes_, precision, optimizer, spec, inputs):
@@ -339,9 +371,10 @@ def _explain(n, worst, pp, tp, dp, zero_stage, bytes_, precision, optimizer, spe
         mode = {"none": "no recompute", "selective": "selective recompute",
                 "full": "full recompute"}[i["recompute"]]
         sp = ", sequence parallel" if i["sequence_parallel"] else ""
-        width = ("fp32 values (4 B), 1-byte masks" if i["precision"] == "fp32"
-                 else "16-bit values, 1-byte masks")
-        out["activations"] = (f"Korthikanti et al. 2022, {mode}{sp}, {width}: "
+        width = ("fp32 values (4 B)" if i["precision"] == "fp32" else "16-bit values") + \
+            (", 1-byte masks" if i["dropout"] else "")
+        what = activations.describe(i["implementation"], i["attention"], i["dropout"])
+        out["activations"] = (f"{what}, {mode}{sp}, {width}: "
                               f"seq {i['seq_len']}/cp="
                               f"{i['cp']}, micro-batch {i['batch_size']}, "
                               f"{in_flight(worst, pp, i['microbatches'], i['schedule'])} "

@@ -267,6 +267,8 @@ PRESETS: dict[str, ModelSpec] = {
     # 1, 2 and 4 (heads 8, kv heads 4, ffn 256, vocab 1024, layers 4), so each parallel degree
     # up to 4 splits it cleanly; untied embeddings so the LM head is its own tensor.
     "debug": _llama("debug", 128, 4, 8, 4, 256, 1024, 256),
+    # The same tiny Llama under its family's name, beside debug-gpt2 (the memory lab's --model).
+    "debug-llama": _llama("debug-llama", 128, 4, 8, 4, 256, 1024, 256),
     # The same size as GPT-2 (LayerNorm, biases, tied embeddings, learned positions).
     "debug-gpt2": ModelSpec(name="debug-gpt2", arch="gpt2", num_layers=4, hidden_size=128,
                             num_heads=8, num_kv_heads=8, ffn_size=512, vocab_size=1024,

@@ -14,7 +14,10 @@ reproduces Narayanan et al. 2021 (§2.2) exactly:
   (m + p - 1)(f + b); idle share (p - 1)/(m + p - 1); bubble relative to the ideal m(f + b):
   (p - 1)/m. GPipe holds all m micro-batches' activations, 1F1B at most p (stage i: p - i).
 - Interleaved 1F1B with v chunks (requires m a multiple of p, as Megatron-LM does): the bubble
-  relative to ideal is (p - 1)/(v m).
+  relative to ideal is (p - 1)/(v m). At m = p labkit follows pre-2024 Megatron-LM, which
+  ran all m*v forwards before the first backward; current Megatron-Core and
+  torch.distributed.pipelining warm up as for m > p and then alternate. The makespan is the
+  same; the order, and how many micro-batches a stage holds at once, differ.
 - "zero-bubble" (ZB-H1, Qi et al. 2024, "Zero Bubble Pipeline Parallelism"): the backward is
   split into B (input gradient, `bwd`) and W (weight gradient, `wgrad`); W waits to fill what
   would be idle time, keeping 1F1B's limit of p - i micro-batches in flight. With

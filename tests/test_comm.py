@@ -152,3 +152,22 @@ def test_zero2_reduce_scatters_every_micro_batch():
     assert z2.payload["reduce_scatter"] == (m, pytest.approx(m * psi * 4))
     assert step_communication("ddp", num_params=psi, dp=dp, microbatches=m).by_op[
         "all_reduce"][0] == 1
+
+
+def test_sequence_parallel_paper_minimum_and_megatron_regather():
+    # Korthikanti et al. 2022 §4.2.2: per layer 2 all-gathers + 2 reduce-scatters forward and
+    # the same backward (4 + 4); Megatron-LM re-gathers each column-parallel linear's input in
+    # the backward (attention QKV and MLP fc1: 2 more all-gathers), 6 + 4.
+    spec = get_model("llama2-7b")
+    kw = dict(model=spec, tp=4, batch_size=1, seq_len=4096, sequence_parallel=True)
+    L, S = spec.num_layers, 1 * 4096 * spec.hidden_size * 2
+    paper = step_communication("tp", **kw)
+    megatron = step_communication("tp", **kw, sp_regather=True)
+    assert paper.payload == {"all_gather": (4 * L, 4 * L * S), "reduce_scatter": (4 * L, 4 * L * S)}
+    assert megatron.payload == {"all_gather": (6 * L, 6 * L * S),
+                                "reduce_scatter": (4 * L, 4 * L * S)}
+    assert megatron.total_bytes == pytest.approx(paper.total_bytes * 10 / 8)
+    with pytest.raises(ValueError, match="sp_regather=True .* needs sequence_parallel=True"):
+        step_communication("tp", model=spec, tp=4, sp_regather=True)
+    with pytest.raises(ValueError, match="sp_regather='yes' is not supported"):
+        step_communication("tp", **kw, sp_regather="yes")

@@ -59,3 +59,25 @@ def test_lookup_errors_list_what_is_allowed():
         get_gpu("v100")
     with pytest.raises(ValueError, match="link='nvlink9'"):
         get_link("nvlink9")
+
+
+def test_b200_tf32_is_the_hgx_datasheet_figure():
+    # NVIDIA's HGX B200 datasheet: TF32 Tensor Core 18 PFLOPS for 8 GPUs, with sparsity.
+    b200 = GPUS["b200"]
+    assert b200.flops("tf32") == pytest.approx(18e15 / 8 / 2)
+    assert "TF32 18 PFLOPS" in b200.source
+
+
+def test_fp8_doubles_the_16_bit_peak_where_datasheets_give_it():
+    # Hopper, Ada and Blackwell tensor cores: FP8 twice BF16 (dense and sparse alike);
+    # Ampere and Turing have no FP8 mode.
+    with_fp8 = [k for k, g in GPUS.items() if "fp8" in g.peak_flops]
+    assert {"h100-sxm", "h100-pcie", "h200", "b200", "l4"} <= set(with_fp8)
+    for key in with_fp8:
+        # (datasheets round: H100 SXM FP8 1,979 against BF16 989, L4 FP8 485 against BF16 242
+        # with sparsity)
+        assert GPUS[key].flops("fp8") == pytest.approx(2 * GPUS[key].flops("bf16"), rel=5e-3), key
+        assert "FP8" in GPUS[key].source, key
+    for key in ("a100-80gb", "t4"):
+        with pytest.raises(ValueError, match="dtype='fp8' is not supported"):
+            GPUS[key].flops("fp8")

@@ -85,7 +85,7 @@ def test_pipeline_reports_the_worst_stage_and_in_flight():
     assert [in_flight(i, 4, 8) for i in range(4)] == [4, 3, 2, 1]
     assert [in_flight(i, 4, 8, "gpipe") for i in range(4)] == [8] * 4
     assert in_flight(0, 4, 2) == 2
-    kw = dict(batch_size=1, seq_len=4096, pp=4, microbatches=8)
+    kw = dict(batch_size=1, seq_len=4096, pp=4, microbatches=8, implementation="megatron")
     one = estimate_memory("llama2-7b", **kw)
     gpipe = estimate_memory("llama2-7b", schedule="gpipe", **kw)
     assert one.stage == 0 and gpipe.activations > one.activations
@@ -139,12 +139,13 @@ def test_fp32_activations_store_4_byte_values():
     s, b, h, a, L, v = 1024, 2, 4096, 32, 32, 32000
     sbh = s * b * h
     layer = sbh * (18 + 48 + 9 * a * s / h)                # fp32: 8*2+2, 24*2, 4*2+1
-    fp32 = estimate_memory(spec, batch_size=b, seq_len=s, precision="fp32")
+    kw = dict(batch_size=b, seq_len=s, implementation="megatron")
+    fp32 = estimate_memory(spec, precision="fp32", **kw)
     assert fp32.activations == pytest.approx(L * layer + sbh + 8 * sbh + 4 * s * b * v)
-    bf16 = estimate_memory(spec, batch_size=b, seq_len=s, precision="bf16-mixed")
+    bf16 = estimate_memory(spec, precision="bf16-mixed", **kw)
     assert bf16.activations == pytest.approx(
         L * activation_bytes_per_layer(s, b, h, a) + sbh + 4 * sbh + 4 * s * b * v)
-    full = estimate_memory(spec, batch_size=b, seq_len=s, precision="fp32", recompute="full")
+    full = estimate_memory(spec, precision="fp32", recompute="full", **kw)
     assert full.activations == pytest.approx(L * 4 * sbh + sbh + 8 * sbh + 4 * s * b * v)
     assert "fp32" in fp32.explain["activations"]
 
@@ -155,8 +156,8 @@ def test_cp_attention_core_divides_by_cp_not_cp_squared():
     spec = get_model("llama2-7b")
     s, cp, h, a, L, v = 8192, 4, 4096, 32, 32, 32000
     sl = s // cp
-    m = estimate_memory(spec, seq_len=s, cp=cp)
+    m = estimate_memory(spec, seq_len=s, cp=cp, implementation="megatron")
     layer = sl * h * (34 + 5 * a * s / h)
     assert m.activations == pytest.approx(L * layer + sl * h + 4 * sl * h + 4 * sl * v)
-    whole = estimate_memory(spec, seq_len=s)
+    whole = estimate_memory(spec, seq_len=s, implementation="megatron")
     assert m.activations == pytest.approx(whole.activations / cp)

@@ -1,7 +1,8 @@
 """The memory lab against labkit's formulas: model states exactly (ratio 1.000), activations
 saved for backward within 10% of Korthikanti et al. (the lab gets 1.001 without recompute: what is
 left is LayerNorm statistics and the int64 token ids; 1.048 with full recompute, where
-transformers also keeps the causal mask it passes to every checkpointed layer)."""
+transformers also keeps the causal mask it passes to every checkpointed layer). With --model
+debug-llama, transformers' Llama against its own terms (labkit.activations): 1.001."""
 from __future__ import annotations
 
 import pytest
@@ -46,6 +47,42 @@ def test_two_ranks_bf16_full_recompute():
         assert r["world_size"] == 2 and r["recompute"] == "full"
         assert r["measured"]["model_states"] == 8 * r["num_params"]     # 2 + 2 + 4
     assert a["measured"] == b["measured"]
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("args", [[], ["--attention", "eager", "--precision", "fp32",
+                                       "--recompute", "full"]])
+def test_llama_matches_transformers_llama_activations(args):
+    """--model debug-llama: transformers' Llama (RMSNorm keeping an fp32 copy, SwiGLU, 4 of 8
+    K/V heads) measured against implementation="hf-llama" (SDPA unless --attention eager)."""
+    result = run_lab("labkit.labs.memory", nproc=1, timeout=180, quiet=True,
+                     args=["--model", "debug-llama", *args])
+    (r,) = result.results
+    precision = "fp32" if args else "bf16-mixed"
+    _check(r, precision)
+    assert (r["model"], r["implementation"]) == ("debug-llama", "hf-llama")
+    assert r["attention"] == ("eager" if args else "sdpa")
+    assert (r["heads"], r["kv_heads"], r["ffn"]) == (8, 4, 256)
+    assert abs(r["ratio"]["activations"] - 1) <= 0.05, r["ratio"]
+
+
+def test_lab_predicts_the_implementation_it_builds():
+    import argparse
+
+    from labkit.labs.memory import implementation, lab_spec
+
+    def args(**kw):
+        base = dict(model="debug-gpt2", layers=2, hidden=64, heads=4, kv_heads=2, vocab=128,
+                    seq=32, attention=None, activation="gelu_pytorch_tanh")
+        return argparse.Namespace(**{**base, **kw})
+
+    gpt2 = lab_spec(args())
+    assert (gpt2.arch, gpt2.ffn_size, gpt2.num_kv_heads) == ("gpt2", 256, 4)
+    assert implementation(gpt2, args()) == ("megatron", "eager")
+    assert implementation(gpt2, args(activation="gelu_new")) == ("hf-gpt2", "eager")
+    llama = lab_spec(args(model="debug-llama"))
+    assert (llama.arch, llama.ffn_size, llama.num_kv_heads) == ("llama", 128, 2)
+    assert implementation(llama, args(model="debug-llama")) == ("hf-llama", "sdpa")
 
 
 def test_master_weights_update_an_fp32_copy():

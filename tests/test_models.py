@@ -66,6 +66,17 @@ def test_debug_model_splits_cleanly_up_to_4():
     assert not s.tied_embeddings and s.num_params() < 2_000_000
 
 
+def test_debug_llama_is_the_debug_llama_under_its_family_name():
+    """The memory lab's --model debug-llama: a Llama (RMSNorm, gated MLP, grouped-query K/V),
+    the size of debug and of debug-gpt2, counted exactly like every preset (above)."""
+    llama, debug, gpt2 = get_model("debug-llama"), get_model("debug"), get_model("debug-gpt2")
+    assert llama.arch == "llama" and llama.gated_mlp and llama.norm == "rmsnorm"
+    assert llama.num_kv_heads < llama.num_heads
+    assert llama.with_(name="debug") == debug
+    assert (llama.hidden_size, llama.num_layers, llama.num_heads, llama.vocab_size) == \
+        (gpt2.hidden_size, gpt2.num_layers, gpt2.num_heads, gpt2.vocab_size)
+
+
 def test_mistral_and_qwen2_configs():
     import transformers
 

@@ -1,6 +1,7 @@
-"""Memory lab: train a small GPT-2 for a few steps, measure what it holds, compare with labkit.
+"""Memory lab: train a small GPT-2 or Llama for a few steps, measure what it holds, compare.
 
     python -m labkit.labs.memory                                   # one process (CPU or 1 GPU)
+    python -m labkit.labs.memory --model debug-llama               # a Llama (RMSNorm, SwiGLU, GQA)
     python -m labkit.labs.memory --precision fp32 --seq 256        # another policy, longer rows
     torchrun --nproc-per-node 2 -m labkit.labs.memory              # 2 data-parallel ranks
     labkit run memory -n 1 -- --precision bf16                     # the same, via labkit
@@ -14,7 +15,11 @@ What it measures on each rank, after the last step (exact, by deduplicated stora
 - bytes saved for backward during the forward pass (`labkit.runtime.measure.SavedActivations`);
 - peak CUDA memory when the rank has a GPU.
 What it predicts: `labkit.memory.estimate_memory` for the same shape, batch, precision and
-AdamW, built from the exact parameter count. Each measured figure is printed beside its
+AdamW, built from the exact parameter count. Activations: for GPT-2 (`--model debug-gpt2`, the
+default) Korthikanti et al.'s Megatron layer (implementation="megatron"), which the two choices
+below make the model match; for `--model debug-llama` transformers' Llama as it is
+(implementation="hf-llama", SDPA attention by default, `--attention eager` to keep the scores):
+RMSNorm's fp32 copies, SwiGLU's four wide tensors, grouped-query K/V (`labkit.activations`). Each measured figure is printed beside its
 prediction with the ratio, and reported (`labkit.runtime.dist.report`).
 
 Precision policies (`--precision`, labkit's names):
@@ -28,7 +33,8 @@ Activations are stored in the forward's dtype: bf16 for the bf16 policies, which
 Korthikanti et al. formula assumes (16-bit activations, 1-byte dropout masks); in fp32 4 bytes
 per value (the masks stay 1 byte), which `estimate_memory(precision="fp32")` counts too.
 
-Two choices make the model count what the formula counts, and each has a flag to undo it:
+For GPT-2, two choices make the model count what Megatron keeps, each with a flag to undo it
+(with `--activation gelu_new` the prediction is transformers' GPT-2, implementation="hf-gpt2"):
 - GELU: the formula assumes one GELU kernel that saves its input. transformers' GPT-2 default,
   "gelu_new", is the tanh approximation written as eight elementwise ops, several of which save
   their own 8*s*b*h-byte inputs (+29% activations with the default shape). The lab uses
@@ -114,28 +120,50 @@ class MasterWeights:
         return sum(m.untyped_storage().nbytes() for m in self.master)
 
 
-def build_model(spec, activation: str, dtype):
-    """A transformers GPT2LMHeadModel with random weights from `spec` (nothing downloaded).
-    Eager attention: the formula counts the s x s attention scores that a fused attention kernel
-    (SDPA, FlashAttention) would not store."""
+def build_model(spec, activation: str, dtype, attention: str = "eager"):
+    """A transformers GPT2LMHeadModel or LlamaForCausalLM with random weights from `spec`
+    (nothing downloaded). GPT-2 defaults to eager attention: Megatron's formula counts the s x s
+    attention scores that a fused attention kernel (SDPA, FlashAttention) would not store."""
     import transformers
-    from transformers import GPT2LMHeadModel
 
     transformers.logging.set_verbosity_error()   # not its notice that the config has no loss_type
-    config = spec.to_hf_config(activation_function=activation)
-    model = GPT2LMHeadModel._from_config(config, attn_implementation="eager")
+    if spec.arch == "gpt2":
+        config = spec.to_hf_config(activation_function=activation)
+        cls = transformers.GPT2LMHeadModel
+    else:
+        config, cls = spec.to_hf_config(), transformers.LlamaForCausalLM
+    model = cls._from_config(config, attn_implementation=attention)
     return model.to(dtype)
+
+
+def lab_spec(args):
+    """The lab's model: the --model preset at the sizes the flags give (GPT-2: ffn 4h; Llama:
+    ffn 2h and --kv-heads key/value heads, as debug-llama)."""
+    base = get_model(args.model)
+    gpt2 = base.arch == "gpt2"
+    return base.with_(
+        name=f"lab-{base.arch}", num_layers=args.layers, hidden_size=args.hidden,
+        num_heads=args.heads, num_kv_heads=args.heads if gpt2 else args.kv_heads,
+        ffn_size=(4 if gpt2 else 2) * args.hidden, vocab_size=args.vocab,
+        max_seq_len=max(args.seq, 256))
+
+
+def implementation(spec, args) -> tuple[str, str]:
+    """(implementation, attention) the prediction assumes: Megatron's for GPT-2 with one GELU
+    kernel (what this lab builds by default), transformers' own otherwise."""
+    attention = args.attention or ("eager" if spec.arch == "gpt2" else "sdpa")
+    if spec.arch != "gpt2":
+        return "hf-llama", attention
+    return ("hf-gpt2" if args.activation == "gelu_new" else "megatron"), attention
 
 
 def run(args, ctx) -> dict:
     torch.manual_seed(args.seed + ctx.rank)     # each rank its own data; same initial weights
-    spec = get_model("debug-gpt2").with_(
-        name="lab-gpt2", num_layers=args.layers, hidden_size=args.hidden, num_heads=args.heads,
-        num_kv_heads=args.heads, ffn_size=4 * args.hidden, vocab_size=args.vocab,
-        max_seq_len=max(args.seq, 256))
+    spec = lab_spec(args)
+    impl, attention = implementation(spec, args)
     dtype = torch.float32 if args.precision == "fp32" else torch.bfloat16
     torch.manual_seed(args.seed)
-    model = build_model(spec, args.activation, dtype).to(ctx.device)
+    model = build_model(spec, args.activation, dtype, attention).to(ctx.device)
     model.train()
     if args.recompute == "full":
         model.activation_checkpointing_enable({"use_reentrant": False})
@@ -179,10 +207,13 @@ def run(args, ctx) -> dict:
     measured["model_states"] = measured["params"] + measured["grads"] + \
         measured["optimizer_states"]
     est = estimate_memory(spec, batch_size=args.batch, seq_len=args.seq,
-                          precision=args.precision, optimizer="adamw", recompute=args.recompute)
+                          precision=args.precision, optimizer="adamw", recompute=args.recompute,
+                          implementation=impl, attention=attention)
     predicted = {k: getattr(est, k) for k in TERMS}
     return dict(
-        rank=ctx.rank, world_size=ctx.world_size, device=str(ctx.device),
+        rank=ctx.rank, world_size=ctx.world_size, device=str(ctx.device), model=args.model,
+        implementation=impl, attention=attention, kv_heads=spec.num_kv_heads,
+        ffn=spec.ffn_size,
         precision=args.precision, recompute=args.recompute, activation=args.activation,
         cpu_dropout=args.cpu_dropout, num_params=n_params, num_param_tensors=len(list(
             model.parameters())), batch=args.batch, seq=args.seq, layers=args.layers,
@@ -196,10 +227,12 @@ def run(args, ctx) -> dict:
 
 
 def print_table(r: dict) -> None:
-    print(f"GPT-2 from config: {r['layers']} layers, hidden {r['hidden']}, {r['heads']} heads, "
-          f"vocab {r['vocab']}: {r['num_params']:,} parameters; {r['precision']} + AdamW, "
+    print(f"{r['model']} from config: {r['layers']} layers, hidden {r['hidden']}, {r['heads']} "
+          f"heads ({r['kv_heads']} K/V), ffn {r['ffn']}, vocab {r['vocab']}: "
+          f"{r['num_params']:,} parameters; {r['precision']} + AdamW, "
           f"micro-batch {r['batch']} x {r['seq']} tokens, recompute {r['recompute']}, "
-          f"{r['world_size']} rank(s), {r['device']}")
+          f"{r['world_size']} rank(s), {r['device']}; activations predicted for "
+          f"implementation={r['implementation']!r}, attention={r['attention']!r}")
     print(f"{'term':<18}{'measured B':>14}{'predicted B':>14}{'ratio':>8}")
     for k in TERMS:
         print(f"{k:<18}{r['measured'][k]:>14,}{r['predicted'][k]:>14,.0f}{r['ratio'][k]:>8.3f}")
@@ -213,6 +246,12 @@ def print_table(r: dict) -> None:
 @record
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", choices=["debug-gpt2", "debug-llama"], default="debug-gpt2",
+                   help="family and preset (default debug-gpt2; the flags below set its sizes)")
+    p.add_argument("--attention", choices=["eager", "sdpa"], default=None,
+                   help="attention kernel (default: eager for GPT-2, sdpa for Llama)")
+    p.add_argument("--kv-heads", type=int, default=4,
+                   help="Llama's key/value heads (default 4; must divide --heads)")
     p.add_argument("--precision", choices=[x for x in PRECISIONS if x != "fp16-mixed"],
                    default="bf16-mixed", help="labkit's policy name (default bf16-mixed)")
     p.add_argument("--layers", type=int, default=4, help="transformer layers (default 4)")

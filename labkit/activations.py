@@ -1,0 +1,160 @@
+"""Activation bytes a transformer layer keeps for backward, term by term, per implementation.
+
+    >>> layer_terms("hf-llama", s=4096, b=1, h=4096, a=32, kv=8, ffn=14336)   # {term: bytes}
+
+Three implementations, each what its code saves (checked against saved-tensor hooks on real
+models in tests/test_activations.py, within 5%):
+
+- "megatron": Korthikanti et al. 2022 (§4.1, Table 2), a GPT layer as Megatron-LM runs it:
+  multi-head attention, a 4h GELU MLP, 16-bit values, 1-byte dropout masks. Per layer
+  s*b*h*(34 + 5*a*s/h) bytes without parallelism. Kept exactly as the paper has it (GQA and the
+  MLP width are not its variables).
+- "hf-gpt2": transformers' `GPT2LMHeadModel` (config defaults: dropout 0.1, `gelu_new`). Its
+  GELU is the tanh formula written as elementwise ops: five 4h-wide tensors kept, not two.
+- "hf-llama": transformers' `LlamaForCausalLM` (and Mistral, Qwen2: same layer). RMSNorm keeps
+  an fp32 copy of its input (4 bytes per value, whatever the dtype) besides its 16-bit output;
+  SwiGLU keeps four ffn-wide tensors (gate, silu(gate), up, their product); K and V are kept
+  num_kv_heads wide with SDPA, repeated to num_heads wide with eager attention. No dropout.
+
+Attention:
+- "eager": scores are materialised: a*s*s*b values per softmax output (Megatron: 16-bit
+  softmax output, 1-byte dropout mask, dropout output: the 5as/h term; transformers' Llama: the
+  softmax in fp32, 4 bytes, plus its 16-bit copy; GPT-2: softmax output in the dtype, plus the
+  mask and dropped probabilities when dropout is on).
+- "sdpa" (transformers' default, `attn_implementation="sdpa"`; the same bytes as FlashAttention):
+  a fused kernel keeps no scores, only Q, K, V, its output and a per-row log-sum-exp (fp32,
+  4*a*s*b bytes). With attention dropout on a CPU, torch's SDPA falls back to its math path,
+  which keeps fp32 scores; labkit counts the fused kernel (CUDA runs it with dropout too).
+
+Measured facts this relies on (CPU, torch 2.13, transformers 5.x; PROBES.md): LayerNorm keeps
+its mean and rstd in the input dtype (CUDA may keep them in fp32: 8/h sbh more); GPT-2's SDPA
+path keeps the fused QKV output plus contiguous copies of K and V, its eager path copies of Q, K
+and V (b > 1); SDPA's output is the output projection's input (one storage). Pure Python, no
+torch import.
+"""
+from __future__ import annotations
+
+from labkit import validate
+
+IMPLEMENTATIONS = ("megatron", "hf-gpt2", "hf-llama")
+ATTENTIONS = ("eager", "sdpa")
+FP32 = 4
+
+
+def default_implementation(spec) -> str:
+    """The implementation a learner's transformers model of `spec` runs: GPT-2 -> "hf-gpt2",
+    every Llama-style spec (RMSNorm, gated MLP) -> "hf-llama"."""
+    return "hf-gpt2" if spec.arch == "gpt2" else "hf-llama"
+
+
+def resolve(implementation, attention, dropout, spec=None) -> tuple[str, str, bool]:
+    """(implementation, attention, dropout) with the defaults filled in: implementation from
+    `spec` ("megatron" without one); attention "eager" for Megatron (the paper's table), "sdpa"
+    for transformers (its default); dropout on for Megatron and GPT-2 (their defaults), off for
+    Llama (attention_dropout 0.0)."""
+    if implementation is None:
+        implementation = "megatron" if spec is None else default_implementation(spec)
+    validate.choice("implementation", implementation, IMPLEMENTATIONS)
+    if attention is None:
+        attention = "eager" if implementation == "megatron" else "sdpa"
+    validate.choice("attention", attention, ATTENTIONS)
+    if dropout is None:
+        dropout = implementation != "hf-llama"
+    validate.choice("dropout", dropout, (True, False))
+    if dropout and implementation == "hf-llama":
+        raise ValueError("dropout=True with implementation='hf-llama': transformers' Llama has "
+                         "no dropout (attention_dropout 0.0); allowed: None or False")
+    return implementation, attention, dropout
+
+
+def _terms(impl, attention, dropout, h, q, kv, f, a, kv_len, vb, b):
+    """{name: (bytes per token, how tp splits it)}: "whole" (h-wide, split only by sequence
+    parallelism), "split" (per head or ffn-wide), "score" (per attention score, split)."""
+    mask = 1 if dropout else 0
+    if impl == "megatron":
+        out = {"norm inputs": (2 * vb * h, "whole"), "qkv and mlp inputs": (2 * vb * h, "whole"),
+               "dropout masks": (2 * h, "whole"), "q, k, v": (3 * vb * h, "split"),
+               "attention output": (vb * h, "split"),
+               "gelu input and output": (2 * vb * 4 * h, "split")}
+        scores = {"softmax output": vb, "attention dropout mask": 1, "dropout output": vb}
+    elif impl == "hf-gpt2":
+        # Q, K, V are views of c_attn's output. Eager attention's matmuls keep contiguous
+        # copies of all three (3 values), except with b = 1, where Q stays a view of the whole
+        # output (3 values) beside copies of K and V (2); SDPA keeps the same 5.
+        qkv = (3 if attention == "eager" and b > 1 else 5) * vb * q
+        out = {"norm inputs": (2 * vb * h, "whole"), "norm outputs": (2 * vb * h, "whole"),
+               "norm statistics": (4 * vb, "whole"), "dropout masks": (2 * h * mask, "whole"),
+               "q, k, v": (qkv, "split"), "attention output": (vb * q, "split"),
+               "gelu_new (5 tensors)": (5 * vb * f, "split")}
+        scores = {"softmax output": vb, "attention dropout mask": mask,
+                  "dropout output": vb * mask}
+    else:
+        kv_kept = kv if attention == "sdpa" else q      # eager repeats K, V to num_heads
+        out = {"norm inputs (fp32 copies)": (2 * FP32 * h, "whole"),
+               "norm outputs": (2 * 2 * vb * h, "whole"), "norm statistics": (2 * FP32, "whole"),
+               "q": (vb * q, "split"), "k, v": (2 * vb * kv_kept, "split"),
+               "attention output": (vb * q, "split"), "swiglu (4 tensors)": (4 * vb * f, "split")}
+        scores = {"softmax output (fp32)": FP32, "softmax output copy": vb if vb != FP32 else 0}
+    if attention == "sdpa":
+        out["log-sum-exp (fp32)"] = (FP32 * a, "split")
+    else:
+        out.update({k: (n * a * kv_len, "score") for k, n in scores.items() if n})
+    return out
+
+
+def layer_terms(implementation=None, attention=None, *, s, b, h, a, kv=None, q=None, ffn=None,
+                value_bytes=2, dropout=None, tp=1, sequence_parallel=False, recompute="none",
+                kv_len=None) -> dict[str, float]:
+    """Bytes one layer keeps for backward, by term, on one tensor-parallel rank.
+
+    s tokens (of this rank), b sequences, hidden h, a query heads, kv key/value heads (default
+    a), q = a * head_dim (default h), ffn the MLP width (default 4h), value_bytes 2 (bf16/fp16)
+    or 4 (fp32). kv_len: keys each query attends to (default s; all of the sequence with context
+    parallelism). tp splits per-head and ffn-wide terms; h-wide terms only with
+    sequence_parallel. recompute "selective" drops the score terms (Korthikanti's selective
+    recomputation); "full" keeps only the layer's input (value_bytes per value)."""
+    implementation, attention, dropout = resolve(implementation, attention, dropout)
+    kv, q = (a if kv is None else kv), (h if q is None else q)
+    f = 4 * h if ffn is None else ffn
+    d = q // a
+    split_whole = tp if sequence_parallel else 1
+    sb = s * b
+    if recompute == "full":
+        return {"layer input": value_bytes * sb * h / split_whole}
+    terms = _terms(implementation, attention, dropout, h, q, kv * d, f, a,
+                   s if kv_len is None else kv_len, value_bytes, b)
+    out = {}
+    for name, (per_token, how) in terms.items():
+        if how == "score" and recompute == "selective":
+            continue
+        out[name] = per_token * sb / (split_whole if how == "whole" else tp)
+    return out
+
+
+def stage_extra_terms(implementation, first, last, *, s, b, h, vocab, value_bytes=2,
+                      dropout=True, tp=1, sequence_parallel=False) -> dict[str, float]:
+    """Bytes outside the layers: the embedding's dropout mask on the first stage; on the last
+    the final norm's input and output (the head's input) and the fp32 log-softmax of the logits
+    that the loss keeps (Korthikanti et al. §4.3 for Megatron: s*b*h mask, 2 values per token,
+    4*s*b*v; transformers upcasts the logits to fp32 for the loss the same way; Llama's RMSNorm
+    keeps its fp32 copy too)."""
+    split = tp if sequence_parallel else 1
+    sb = s * b
+    out = {}
+    if first and dropout:
+        out["embedding dropout mask"] = sb * h / split
+    if last:
+        norm = (FP32 * h + 2 * value_bytes * h + FP32 if implementation == "hf-llama"
+                else 2 * value_bytes * h + (4 * value_bytes if implementation == "hf-gpt2" else 0))
+        out["final norm"] = sb * norm / split
+        out["log-softmax of the logits (fp32)"] = FP32 * sb * vocab / tp
+    return out
+
+
+def describe(implementation, attention, dropout) -> str:
+    """A short phrase naming what the activation figures assume."""
+    what = {"megatron": "Korthikanti et al. 2022 (Megatron GPT layer)",
+            "hf-gpt2": "transformers GPT-2 (gelu_new)",
+            "hf-llama": "transformers Llama (RMSNorm fp32 copy, SwiGLU)"}[implementation]
+    drop = ", dropout" if dropout else ", no dropout"
+    return f"{what}, {attention} attention{drop}"

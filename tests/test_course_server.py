@@ -34,8 +34,12 @@ def test_course_server_lists_the_notebooks_with_the_token(tmp_path):
     # The exact command `labkit course` (and so `make lab`) runs, on a port the OS picks.
     cmd = [sys.executable, "-m", "labkit", "course", "--port", "0", "--token", TOKEN, "--no-browser"]
     assert "notebooks/00_welcome.ipynb" in lab_command()
-    env = {"JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "JUPYTER_DATA_DIR": str(tmp_path / "data")}
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {"JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "JUPYTER_DATA_DIR": str(tmp_path / "data"),
+           "TMPDIR": str(tmp)}
     with serving(cmd, repo_root(), tmp_path / "runtime", env) as info:
+        assert [p.name for p in tmp.glob("labkit-course-*")], "the server's config dir is in TMPDIR"
         assert info["hostname"] in ("127.0.0.1", "localhost") and info["token"] == TOKEN
         base = f"http://127.0.0.1:{info['port']}"
         status, body = _get(f"{base}/api/contents/notebooks?token={TOKEN}")
@@ -46,6 +50,8 @@ def test_course_server_lists_the_notebooks_with_the_token(tmp_path):
         assert status == 403, "the server must refuse requests without the token"
         status, _ = _get(f"{base}/lab/tree/notebooks/00_welcome.ipynb?token={TOKEN}")
         assert status == 200
+    # stopped with SIGTERM (serving does so): the course's config directory goes with it
+    assert list(tmp.glob("labkit-course-*")) == [], "labkit course left its config directory"
 
 
 def _course_cmd(*extra: str) -> list[str]:

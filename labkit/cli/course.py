@@ -14,6 +14,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -128,6 +129,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-browser", action="store_true", help="do not try to open a browser")
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def run(args) -> int:
     if args.no_auth and args.token is not None:
         print("labkit course: --token and --no-auth contradict each other; allowed: one of them",
@@ -140,6 +145,9 @@ def run(args) -> int:
     print(f"Starting JupyterLab on the course (127.0.0.1 only): open the URL it prints, {WELCOME}")
     print("with its token. `labkit` works in its terminals (File > New > Terminal). Stop it with Ctrl-C.",
           flush=True)
+    # SIGTERM (a service manager, a test, `kill`) stops the server the way Ctrl-C does, so the
+    # config directory below is removed instead of left in the temporary directory.
+    signal.signal(signal.SIGTERM, _interrupt)
     with tempfile.TemporaryDirectory(prefix="labkit-course-") as config_dir:
         write_config(config_dir)
         proc = subprocess.Popen(cmd, cwd=repo_root(), env=lab_env(config_dir))

@@ -64,8 +64,12 @@ def test_nothing_outlives_the_grader(tmp_path, sig, busy):
     tmp = tmp_path / "tmp"          # the grader's temporary files, removed unless SIGKILL
     tmp.mkdir()
     env = {**os.environ, MARK: mark, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp)}
-    grader = subprocess.Popen([sys.executable, "-m", "labkit", "grade", str(learner),
-                               "--timeout", "300"], env=env, stdout=subprocess.PIPE,
+    # `python -m labkit grade ...` as a terminal runs it: a shell without job control (`make
+    # test &`) starts children with SIGINT ignored, and Python then keeps it ignored.
+    start = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+             f"sys.argv = ['labkit', 'grade', {str(learner)!r}, '--timeout', '300']; "
+             "runpy.run_module('labkit', run_name='__main__')")
+    grader = subprocess.Popen([sys.executable, "-c", start], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120      # kernel start and imports on a loaded machine

@@ -54,3 +54,21 @@ def test_bench_without_a_name_lists_the_benchmarks(capsys):
         line = next(ln for ln in out.splitlines() if ln.split()[:1] == [name])
         assert len(line.split()) > 2, f"{name} is listed without its help: {line!r}"
     assert "labkit bench all" in out
+
+
+def test_run_refuses_too_many_ranks_and_names_its_flag(monkeypatch, capsys):
+    """The refusal names `labkit run --oversubscribe`; that flag exists and reaches run_lab."""
+    from labkit.runtime import launch, system
+    monkeypatch.delenv("LABKIT_OVERSUBSCRIBE", raising=False)
+    monkeypatch.setattr(system, "max_local_ranks", lambda: (4, "2 cores"))
+    assert main(["run", "hello", "-n", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "nproc=5 is more ranks than this machine holds" in err and "--oversubscribe" in err
+    seen = {}
+
+    def fake_run_lab(target, **kw):
+        seen.update(kw)
+        raise ValueError("stop here")
+    monkeypatch.setattr(launch, "run_lab", fake_run_lab)
+    assert main(["run", "hello", "-n", "5", "--oversubscribe"]) == 2
+    assert seen["oversubscribe"] is True and seen["nproc"] == 5

@@ -32,6 +32,8 @@ def _add_options(parser: argparse.ArgumentParser, default=None) -> None:
                         help="job id, the same on every node (default: labkit-<lab>)")
     parser.add_argument("--verbose", action="store_true", default=d(False),
                         help="also show torchrun's own log")
+    parser.add_argument("--oversubscribe", action="store_true", default=d(False),
+                        help="start more ranks than this machine holds (refused otherwise)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,7 +84,8 @@ def run(args) -> int:
         result = run_lab(args.lab, nproc=args.nproc, args=lab_args,
                          timeout=args.timeout or None, nnodes=args.nnodes,
                          node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
-                         rdzv_id=rdzv_id, verbose=args.verbose)
+                         rdzv_id=rdzv_id, verbose=args.verbose,
+                         oversubscribe=args.oversubscribe or None)
     except ValueError as exc:
         print(f"labkit run: {exc}", file=sys.stderr)
         return 2

@@ -46,7 +46,7 @@ def test_linux_with_gpu_gets_pips_own_index(ti):
 def test_unreachable_cpu_index_falls_back_to_pips_own_index(ti):
     asked = []
     index, why = ti.choose_index("Linux", gpu=lambda: False, reachable=lambda url: asked.append(url) or False)
-    assert index is None and asked == [ti.CPU_INDEX] and "did not answer" in why
+    assert index is None and asked == [ti.CPU_INDEX] and "could not be reached" in why
     assert ti.pip_command("py", "torch==2.13.0", index)[-1] == "torch==2.13.0"
 
 

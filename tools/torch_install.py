@@ -80,7 +80,8 @@ def choose_index(system: str, gpu: Callable[[], bool], reachable: Callable[[str]
         return None, "an NVIDIA GPU is present: the CUDA build from pip's own index"
     if reachable(CPU_INDEX):
         return CPU_INDEX, "no NVIDIA GPU: the CPU build from PyTorch's CPU index"
-    return None, (f"no NVIDIA GPU, but {CPU_INDEX} did not answer within {PROBE_TIMEOUT:.0f} s: "
+    return None, (f"no NVIDIA GPU, but {CPU_INDEX} could not be reached (refused, or no answer "
+                  f"within {PROBE_TIMEOUT:.0f} s): "
                   "pip's own index (set TORCH_INDEX_URL to choose another)")
 
 

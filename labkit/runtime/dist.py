@@ -37,6 +37,8 @@ ENV_RUN_ID = "LABKIT_RUN_ID"                    # marks every process of one run
 ENV_RESULTS_DIR = "LABKIT_RESULTS_DIR"          # where ranks write their JSON-lines records
 ENV_COLLECTIVE_TIMEOUT = "LABKIT_COLLECTIVE_TIMEOUT"  # seconds; the launcher sets it above its own
 ENV_BACKEND = "LABKIT_BACKEND"                  # gloo | nccl, overrides the automatic choice
+ENV_RANK_LAUNCHER = "LABKIT_RANK_LAUNCHER"      # "pool" in a rank the warm pool started
+HEAVY_MODULES = ("transformers",)               # imports the warm pool takes on once needed
 
 # A collective that waits longer than this raises instead of hanging. torch's default is 30 min;
 # a lab on a laptop that waits 5 minutes in one all-reduce is broken, not slow.
@@ -84,7 +86,15 @@ def local_world_size() -> int:
 
 
 def under_torchrun() -> bool:
+    """Started by torchrun or by labkit's pool launcher (which sets the same variables)."""
     return "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def launcher() -> str | None:
+    """"pool" (labkit's warm pool), "torchrun", or None (a plain process)."""
+    if os.environ.get(ENV_RANK_LAUNCHER):
+        return os.environ[ENV_RANK_LAUNCHER]
+    return "torchrun" if under_torchrun() else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -252,7 +262,9 @@ def _finish(code: int) -> None:
     global _finished
     if not _finished:
         _finished = True
-        _write({"kind": "exit", "code": code, "wall_time": time.time() - _T0})
+        # which slow imports this lab needed: the warm pool imports them ahead of the next lab
+        heavy = [m for m in HEAVY_MODULES if m in sys.modules]
+        _write({"kind": "exit", "code": code, "wall_time": time.time() - _T0, "modules": heavy})
 
 
 def shutdown(exit_process: bool | None = None) -> None:

@@ -50,6 +50,8 @@ from labkit.validate import positive, positive_int
 COLLECTIVE_TIMEOUT_MARGIN = 30.0
 LABS_PACKAGE = "labkit.labs"
 ENV_OVERSUBSCRIBE = "LABKIT_OVERSUBSCRIBE"
+ENV_LAUNCHER = "LABKIT_LAUNCHER"            # pool | torchrun | auto: run_lab's launcher=
+LAUNCHERS = ("auto", "pool", "torchrun")
 
 _PREFIX = re.compile(r"^\[[A-Za-z_]*?(\d+)\]:(.*)$")
 _TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")
@@ -89,6 +91,25 @@ def resolve_target(target) -> str:
 # ---------------------------------------------------------------------------------------------
 # the launcher
 
+def choose_launcher(launcher: str | None, nnodes: int) -> str:
+    """"pool" or "torchrun" for a lab on `nnodes` nodes; launcher None reads LABKIT_LAUNCHER,
+    "auto" (its default) means the pool on one Linux node and torchrun everywhere else."""
+    from labkit.runtime import pool
+    from labkit.validate import choice
+    if launcher is None:
+        launcher = os.environ.get(ENV_LAUNCHER) or "auto"
+    choice("launcher", launcher, LAUNCHERS)
+    if launcher == "auto":
+        return "pool" if nnodes == 1 and pool.supported() else "torchrun"
+    if launcher == "pool" and nnodes > 1:
+        raise ValueError(f"launcher='pool' starts ranks on this machine only, and nnodes="
+                         f"{nnodes}; allowed: launcher='torchrun' (or 'auto') for several nodes")
+    if launcher == "pool" and not pool.supported():
+        raise ValueError(f"launcher='pool' needs Linux (fork), and this is {sys.platform}; "
+                         "allowed: launcher='torchrun' or 'auto'")
+    return launcher
+
+
 def _torchrun_command(target: str, nproc: int, args, log_dir: str, run_id: str, nnodes: int,
                       node_rank: int | None, rdzv_endpoint: str | None,
                       rdzv_id: str | None) -> list[str]:
@@ -106,18 +127,22 @@ def run_lab(target, nproc: int | None = None, args=(), timeout: float | None = 3
             env: dict | None = None, *, nnodes: int = 1, node_rank: int | None = None,
             rdzv_endpoint: str | None = None, rdzv_id: str | None = None,
             quiet: bool = False, verbose: bool = False, keep_logs: bool = False,
-            oversubscribe: bool | None = None) -> LabResult:
-    """Run `target` on `nproc` ranks under torchrun and return a `LabResult`; raise `LabError`
-    if a rank fails or the lab runs past `timeout` seconds (None: no limit).
+            oversubscribe: bool | None = None, launcher: str | None = None) -> LabResult:
+    """Run `target` on `nproc` ranks and return a `LabResult`; raise `LabError` if a rank fails
+    or the lab runs past `timeout` seconds (None: no limit).
 
     target: a module ("labkit.labs.hello", or just "hello" for a lab of labkit.labs) or a path
         to a script. args: the lab's command-line arguments. env: extra environment variables
         for the ranks (OMP_NUM_THREADS=1 is set unless given here).
     nnodes/node_rank/rdzv_endpoint/rdzv_id: multi-node runs (same rdzv_endpoint and rdzv_id on
         every node). quiet: do not print the ranks' output (it is still in result.output).
-    verbose: also print torchrun's own log lines. keep_logs: keep the run directory (its path
-        is in the LabError message). oversubscribe: start more ranks per node than this machine
-        holds (system.max_local_ranks); default from LABKIT_OVERSUBSCRIBE=1, else refused.
+    verbose: also print the launcher's own log lines. keep_logs: keep the run directory (its
+        path is in the LabError message). oversubscribe: start more ranks per node than this
+        machine holds (system.max_local_ranks); default from LABKIT_OVERSUBSCRIBE=1, else refused.
+    launcher: "pool" (ranks forked from a warm process that has imported torch: labkit.runtime.
+        pool; one node, Linux), "torchrun" (`python -m torch.distributed.run`: several nodes,
+        SLURM, the standard path), or "auto" (the pool where it can, else torchrun); default
+        from LABKIT_LAUNCHER, else "auto". Ranks see the same variables under both.
     """
     t0 = time.monotonic()
     target = resolve_target(target)
@@ -142,6 +167,8 @@ def run_lab(target, nproc: int | None = None, args=(), timeout: float | None = 3
     if nnodes > 1 and not rdzv_endpoint:
         raise ValueError(f"nnodes={nnodes} needs rdzv_endpoint='HOST:PORT' (the same on every "
                          "node); allowed: nnodes=1 without it")
+    explicit = (launcher if launcher is not None else os.environ.get(ENV_LAUNCHER)) == "pool"
+    launcher = choose_launcher(launcher, nnodes)
     run_id = uuid.uuid4().hex[:12]
     rundir.sweep_stale()          # left by launchers killed before they could clean up
     run_dir = rundir.make_run_dir(run_id)
@@ -157,48 +184,63 @@ def run_lab(target, nproc: int | None = None, args=(), timeout: float | None = 3
                       "PYTHONUNBUFFERED": "1", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "5"})
     if timeout is not None and ENV_COLLECTIVE_TIMEOUT not in (env or {}):
         child_env[ENV_COLLECTIVE_TIMEOUT] = str(timeout + COLLECTIVE_TIMEOUT_MARGIN)
-
-    cmd = _torchrun_command(target, nproc, args, log_dir, run_id, nnodes, node_rank,
-                            rdzv_endpoint, rdzv_id)
+    child_env.pop(ENV_LAUNCHER, None)      # a lab that launches labs chooses afresh
     if guard.enabled(child_env):
         # torchrun and the ranks die with this process (a kernel restart, shutdown or kill -9
         # would otherwise leave them running): see labkit.runtime.guard.
         child_env.update(guard.launcher_env())
-        cmd = guard.guarded_command(cmd)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env,
-                            start_new_session=True, stdin=subprocess.DEVNULL)
+
     printer = _Printer(quiet, verbose, _rank_labeller(nnodes, results_dir))
+    job = None
+    if launcher == "pool":
+        from labkit.runtime.pool import PoolError, PoolJob
+        try:
+            job = PoolJob(target, nproc, args, child_env, run_id, log_dir, timeout)
+        except (PoolError, OSError) as exc:
+            if explicit:
+                shutil.rmtree(run_dir, ignore_errors=True)
+                raise LabError(f"lab {target}: the warm pool could not start: {exc}",
+                               reason="launcher") from exc
+            print(f"labkit: the warm pool could not start ({exc}); using torchrun",
+                  file=sys.stderr, flush=True)
+            launcher = "torchrun"
+    if job is None:
+        job = _TorchrunJob(_torchrun_command(target, nproc, args, log_dir, run_id, nnodes,
+                                             node_rank, rdzv_endpoint, rdzv_id), child_env)
     deaths = DeathWatch(results_dir)        # when each rank died: who failed first
     stacks: dict[int, str] = {}
     state = "exited"
 
     def rank_pids() -> dict[int, int]:
-        return {r: s["pid"] for r, recs in read_records(results_dir).items()
+        pids = {r: s["pid"] for r, recs in read_records(results_dir).items()
                 if (s := first_record(recs, "start"))}
+        return {**job.pids, **pids}
 
     try:
         # On one node, return once every rank has exited 0 (see _pump). Not on several:
         # torchrun's exit barrier there keeps the other nodes' agents in step.
         done = (lambda: _all_ranks_done(results_dir, nproc)) if nnodes == 1 else None
-        state = _pump(proc, t0, timeout, printer, done, deaths.poll if nnodes == 1 else None)
+        state = _pump(job, t0, timeout, printer, done, deaths if nnodes == 1 else None)
         if state == "timeout":
             pids = {r: p for r, p in rank_pids().items() if proc_alive(p)}
             stacks = dump_stacks(pids, results_dir)
     except KeyboardInterrupt:
-        _shielded(lambda: teardown(proc, run_id, set(rank_pids().values())))
-        print(f"labkit: interrupted; stopped torchrun and the ranks of {target}",
+        _shielded(lambda: job.stop(run_id, set(rank_pids().values())))
+        print(f"labkit: interrupted; stopped the ranks of {target}",
               file=sys.stderr, flush=True)
         if not keep_logs:
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
-    _shielded(lambda: teardown(proc, run_id, set(rank_pids().values())))   # clean exit too
-    printer.drain(log_dir)
-    returncode = 0 if state == "finished" else proc.returncode
+    _shielded(lambda: job.stop(run_id, set(rank_pids().values())))   # clean exit too
+    job.drain(printer, log_dir)
+    returncode = 0 if state == "finished" else job.returncode()
     wall = time.monotonic() - t0
     try:
         result, failure = collect(target, nproc, results_dir, log_dir, returncode, wall,
                                   printer.output, printer.agent_log, run_id,
-                                  state == "timeout", timeout, stacks, deaths.died)
+                                  state == "timeout", timeout, stacks, deaths.died,
+                                  job.exit_codes(), launcher)
+        job.after(read_records(results_dir))
     finally:
         if not keep_logs:
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -207,6 +249,54 @@ def run_lab(target, nproc: int | None = None, args=(), timeout: float | None = 3
         failure.args = (text + (f"\n(run directory kept: {run_dir})" if keep_logs else ""),)
         raise failure
     return result
+
+
+class _TorchrunJob:
+    """A lab under `python -m torch.distributed.run` (through the guard), read through its two
+    pipes; what _pump and run_lab need of a launcher (PoolJob is the other)."""
+
+    def __init__(self, cmd: list[str], env: dict):
+        if guard.enabled(env):
+            cmd = guard.guarded_command(cmd)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     env=env, start_new_session=True, stdin=subprocess.DEVNULL)
+        self.streams = {self.proc.stdout.fileno(): "stdout", self.proc.stderr.fileno(): "stderr"}
+        self.control = None
+        self.pids: dict[int, int] = {}
+
+    def line(self, printer, tag, text: str) -> None:
+        printer.line(text, tag)
+
+    def ended(self) -> bool:
+        return self.proc.poll() is not None
+
+    def finish(self) -> None:
+        """Every rank is done: torchrun's own exit takes ~2 s more and adds nothing."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def stop(self, run_id: str, pids: set[int]) -> None:
+        teardown(self.proc, run_id, pids)
+
+    def drain(self, printer, log_dir: str) -> None:
+        printer.drain(log_dir)
+
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    def exit_codes(self):
+        return None          # read from torchrun's failure summary
+
+    def after(self, records) -> None:
+        pass
+
+    def message(self, deaths) -> bool:
+        return False
+
+    def close_streams(self) -> None:
+        pass
 
 
 def _shielded(fn) -> None:
@@ -259,11 +349,19 @@ class _Printer:
         else:
             local = int(m.group(1))
             self.counts[(local, dest)] += 1
-            content = _TORCH_RANK_PREFIX.sub("", m.group(2))
-            if not content.strip():   # torchrun's tail adds empty lines at a rank's exit
-                return
-            text = f"[{self.label(local)}] {content}"
-            self.output.append(text)
+            return self.rank_line(local, m.group(2), dest)
+        self._show(text, dest)
+
+    def rank_line(self, local: int, content: str, dest: str) -> None:
+        """One line a rank wrote (without torchrun's prefix)."""
+        content = _TORCH_RANK_PREFIX.sub("", content)
+        if not content.strip():   # torchrun's tail adds empty lines at a rank's exit
+            return
+        text = f"[{self.label(local)}] {content}"
+        self.output.append(text)
+        self._show(text, dest)
+
+    def _show(self, text: str, dest: str) -> None:
         if not self.quiet:
             stream = sys.stdout if dest == "stdout" else sys.stderr
             stream.write(text + "\n")
@@ -298,26 +396,28 @@ def _all_ranks_done(results_dir: str, nproc: int) -> bool:
     return True
 
 
-def _pump(proc, t0, timeout, printer: _Printer, done=None, watch=None) -> str:
-    """Print the ranks' lines as they arrive until torchrun exits ("exited"), the timeout
-    fires ("timeout"), or done() says the ranks have all finished ("finished": torchrun is
-    then killed rather than waited for; its own exit takes ~2 s after the ranks' and adds
-    nothing to the result). watch() is called every 0.1 s (the DeathWatch)."""
+def _pump(job, t0, timeout, printer: _Printer, done=None, deaths: DeathWatch | None = None) -> str:
+    """Print the ranks' lines as they arrive until the launcher's side ends ("exited"), the
+    timeout fires ("timeout"), or done() says the ranks have all finished ("finished": the
+    launcher is then ended rather than waited for). deaths.poll() runs every 0.1 s."""
     sel = selectors.DefaultSelector()
     partial = {}
-    for stream, dest in ((proc.stdout, "stdout"), (proc.stderr, "stderr")):
-        sel.register(stream, selectors.EVENT_READ, dest)
-        partial[dest] = b""
+    for fd, tag in job.streams.items():
+        sel.register(fd, selectors.EVENT_READ, tag)
+        partial[fd] = b""
+    if job.control is not None:
+        sel.register(job.control, selectors.EVENT_READ, None)
+    open_streams = set(job.streams)
     exited_at, checked, watched, state = None, 0.0, 0.0, "exited"
     try:
-        while sel.get_map():
+        while open_streams or not job.ended():
             now = time.monotonic()
-            if watch is not None and now - watched > 0.1:
+            if deaths is not None and now - watched > 0.1:
                 watched = now
-                watch()
+                deaths.poll()
             if timeout is not None and now - t0 > timeout:
                 return "timeout"
-            if proc.poll() is not None:
+            if job.ended():
                 exited_at = exited_at or now
                 if now - exited_at > 1.0:   # a leftover process holds the pipe: stop reading
                     break
@@ -325,19 +425,23 @@ def _pump(proc, t0, timeout, printer: _Printer, done=None, watch=None) -> str:
                 checked = now
                 if done():
                     state = "finished"
-                    try:
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                    job.finish()
             wait = 0.1 if timeout is None else max(0.0, min(0.1, t0 + timeout - now))
             for key, _ in sel.select(wait):
-                chunk = os.read(key.fileobj.fileno(), 65536)
+                if key.data is None:               # the pool agent's messages
+                    if not job.message(deaths):
+                        sel.unregister(key.fileobj)
+                    continue
+                fd = key.fd
+                chunk = os.read(fd, 65536)
                 if not chunk:
                     sel.unregister(key.fileobj)
-                    chunk = b"\n" if partial[key.data] else b""
-                *lines, partial[key.data] = (partial[key.data] + chunk).split(b"\n")
+                    open_streams.discard(fd)
+                    chunk = b"\n" if partial[fd] else b""
+                *lines, partial[fd] = (partial[fd] + chunk).split(b"\n")
                 for raw in lines:
-                    printer.line(raw.decode("utf-8", "replace"), key.data)
+                    job.line(printer, key.data, raw.decode("utf-8", "replace"))
     finally:
         sel.close()
+        job.close_streams()
     return state

@@ -24,10 +24,11 @@ class LabResult:
     ranks: list[RankResult]
     results: list[dict]          # indexed by rank: the union of what that rank report()ed
     wall_time: float             # seconds from run_lab's call to its return
-    returncode: int | None       # torchrun's exit status
+    returncode: int | None       # the launcher's exit status (0: every rank exited 0)
     output: list[str] = field(default_factory=list, repr=False)      # "[rank R] ..." lines
     agent_log: list[str] = field(default_factory=list, repr=False)   # torchrun's own lines
     run_id: str = ""
+    launcher: str = "torchrun"   # "pool" (warm processes, labkit.runtime.pool) or "torchrun"
 
     @property
     def ok(self) -> bool:

@@ -30,8 +30,8 @@ def marked_pids(name: str, value: str) -> set[int]:
     return found
 
 
-def _signal_all(proc: subprocess.Popen, pids: set[int], sig: int) -> None:
-    for pgid in {proc.pid, *pids}:   # torchrun and each worker lead their own session
+def _signal_all(proc: subprocess.Popen | None, pids: set[int], sig: int) -> None:
+    for pgid in {*([proc.pid] if proc else []), *pids}:   # each leads its own session
         try:
             os.killpg(pgid, sig)
         except (ProcessLookupError, PermissionError):
@@ -43,25 +43,28 @@ def _signal_all(proc: subprocess.Popen, pids: set[int], sig: int) -> None:
             pass
 
 
-def teardown(proc: subprocess.Popen, run_id: str, rank_pids: set[int]) -> None:
-    """SIGTERM everything of this run, SIGKILL what is left after a grace period, reap torchrun."""
-    pids = rank_pids | marked_pids(ENV_RUN_ID, run_id)
+def teardown(proc: subprocess.Popen | None, run_id: str, rank_pids: set[int]) -> None:
+    """SIGTERM everything of this run, SIGKILL what is left after a grace period, reap torchrun
+    (proc; None for the pool launcher, whose agent is not our child)."""
+    pids = {p for p in rank_pids | marked_pids(ENV_RUN_ID, run_id) if proc_alive(p)}
+    if not pids and (proc is None or proc.poll() is not None):
+        return                        # a clean end: nothing to stop
     _signal_all(proc, pids, signal.SIGTERM)
     deadline = time.monotonic() + GRACE_SECONDS
     while time.monotonic() < deadline:
-        proc.poll()
-        if proc.returncode is not None and not any(proc_alive(p) for p in pids):
+        if (proc is None or proc.poll() is not None) and not any(proc_alive(p) for p in pids):
             break
         time.sleep(0.05)
     for _ in range(3):
         pids = {p for p in pids | marked_pids(ENV_RUN_ID, run_id) if proc_alive(p)}
-        if proc.poll() is None:
+        if proc is not None and proc.poll() is None:
             pids.add(proc.pid)
         if not pids:
             break
         _signal_all(proc, pids, signal.SIGKILL)
         time.sleep(0.1)
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass
+    if proc is not None:
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass

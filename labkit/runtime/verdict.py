@@ -5,7 +5,7 @@ Who failed first is not always who raised first. A rank that dies without a Pyth
 (`os._exit(3)`, SIGKILL from the kernel's OOM killer, SIGSEGV in native code) leaves no error
 record; its peers then fail inside a collective ("Connection closed by peer") and their
 exceptions would be blamed, the causality reversed. So: a rank that died silently (no error or
-exit record, a non-zero exit, not torchrun's SIGTERM) is the culprit unless a rank raised a
+exit record, a non-zero exit, not the launcher's SIGTERM) is the culprit unless a rank raised a
 real exception (not a lost-peer one) before it was seen dead. The launcher watches the ranks'
 pids (`DeathWatch`) to know when each died.
 """
@@ -63,12 +63,14 @@ def how_it_ended(code: int) -> str:
 
 
 def collect(target, nproc, results_dir, log_dir, returncode, wall, output, agent_log, run_id,
-            timed_out, timeout, stacks, died=None):
+            timed_out, timeout, stacks, died=None, exit_codes=None, launcher="torchrun"):
     """Build the LabResult and, when the lab failed, the LabError to raise. died: rank -> time
-    (time.time()) its process was first seen gone, from a DeathWatch."""
+    (time.time()) its process was first seen gone, from a DeathWatch. exit_codes: rank -> exit
+    code (negative: the signal) where the launcher knows them (the pool's agent reaps the
+    ranks); else read from torchrun's failure summary."""
     died = died or {}
     records = read_records(results_dir)
-    summary_codes = exit_codes_from_summary(agent_log)
+    summary_codes = exit_codes_from_summary(agent_log) if exit_codes is None else exit_codes
     world = max([nproc] + [s["world_size"] for recs in records.values()
                            if (s := first_record(recs, "start"))])
     end = time.time()
@@ -86,13 +88,15 @@ def collect(target, nproc, results_dir, log_dir, returncode, wall, output, agent
             if rec["kind"] == "report":
                 merged.update(rec["metrics"])
         results.append(merged)
-    result = LabResult(target, nproc, ranks, results, wall, returncode, output, agent_log, run_id)
+    result = LabResult(target, nproc, ranks, results, wall, returncode, output, agent_log, run_id,
+                       launcher)
     name = short_path(target)
     if timed_out:
         return result, _timeout_error(name, result, records, timeout, stacks)
     if result.ok:
         return result, None
-    return result, _failure(name, result, records, log_dir, returncode, output, agent_log, died)
+    return result, _failure(name, result, records, log_dir, returncode, output, agent_log, died,
+                            launcher)
 
 
 def _timeout_error(name, result, records, timeout, stacks) -> LabError:
@@ -121,7 +125,9 @@ def _silent_deaths(result, records, died) -> list[RankResult]:
     return sorted(out, key=lambda rr: (died.get(rr.rank, float("inf")), rr.rank))
 
 
-def _failure(name, result, records, log_dir, returncode, output, agent_log, died) -> LabError:
+def _failure(name, result, records, log_dir, returncode, output, agent_log, died,
+             launcher="torchrun") -> LabError:
+    launcher = "the pool launcher" if launcher == "pool" else launcher
     errors = sorted(({**rec, "rank": r} for r, recs in records.items() for rec in recs
                      if rec["kind"] == "error"), key=lambda e: e["time"])
     if not errors:
@@ -170,16 +176,16 @@ def _failure(name, result, records, log_dir, returncode, output, agent_log, died
             head = f"lab {name} failed: rank {rr.rank} {how_it_ended(rr.exit_code)}"
             reason, rank = ("signal" if rr.exit_code < 0 else "exit"), rr.rank
         else:
-            head = f"lab {name} failed: torchrun exited with code {returncode}"
+            head = f"lab {name} failed: {launcher} exited with code {returncode}"
             reason, rank = "launcher", None
-            others += ["torchrun said:"] + agent_log[-20:]
+            others += [f"{launcher} said:"] + agent_log[-20:]
     errored = {e["rank"] for e in errors}
     silent_ranks = {rr.rank for rr in silent}
     stopped = [rr.rank for rr in result.ranks if rr.exit_code is not None and rr.exit_code < 0
                and rr.rank not in errored | silent_ranks and rr.rank != rank]
     if stopped and rank is not None:
         others.append(f"rank{'s' if len(stopped) > 1 else ''} {ranks_text(stopped)} "
-                      f"stopped by torchrun after rank {rank} failed")
+                      f"stopped by {launcher} after rank {rank} failed")
     if (exc_msg and re.search(r"timed out|timeout", exc_msg, re.I)
             and len(result.ranks) > 1):
         others.append(f"hint: rank {rank} gave up waiting in a collective; a rank that never "

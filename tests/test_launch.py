@@ -135,16 +135,24 @@ def test_import_labkit_stays_light():
     assert out.stdout.strip() == "False"
 
 
-def test_lines_torchrun_did_not_forward_are_read_from_the_rank_logs(tmp_path, capsys):
-    from labkit.runtime.launch import _Printer
+def test_rank_log_files_are_tailed_in_whole_lines(tmp_path, capsys):
+    """torchrun's own --tee prints a half-written line as two; LogTail joins them."""
+    from labkit.runtime.launch import LogTail, _Printer
 
     rank_dir = tmp_path / "run_x" / "attempt_0" / "1"
     rank_dir.mkdir(parents=True)
-    (rank_dir / "stdout.log").write_text("one\ntwo\nthree\n")
+    log = rank_dir / "stdout.log"
     printer = _Printer(quiet=False, verbose=False, label=lambda local: f"rank {local}")
-    printer.line("[default1]:one", "stdout")          # forwarded by torchrun before it ended
+    tail = LogTail(str(tmp_path))
+    tail.poll(printer)                                   # nothing yet
+    log.write_text("one\ntw")                            # caught mid-write
+    tail.poll(printer)
+    assert printer.output == ["[rank 1] one"]
+    with open(log, "a") as f:
+        f.write("o\nthree")
+    tail.poll(printer)
+    tail.poll(printer, final=True)                       # the last line has no newline
     printer.line("Some torchrun log line", "stderr")
-    printer.drain(str(tmp_path))
     assert printer.output == ["[rank 1] one", "[rank 1] two", "[rank 1] three"]
     assert printer.agent_log == ["Some torchrun log line"]
     assert capsys.readouterr().out == "[rank 1] one\n[rank 1] two\n[rank 1] three\n"

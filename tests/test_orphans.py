@@ -2,8 +2,9 @@
 
 A notebook kernel starts a 2-rank lab whose ranks sleep without printing; the kernel is then
 restarted, shut down or killed with SIGKILL while the lab runs, and every process of the lab
-(torchrun and both ranks) must be gone within 10 s. With the guard switched off the same lab
-survives: that case shows the test can fail, and why the guard exists.
+(torchrun or the kernel's warm pool, and both ranks) must be gone within 10 s. With the guard
+switched off the same lab survives: that case shows the test can fail, and why the guard
+exists. Every case runs on both launchers.
 """
 from __future__ import annotations
 
@@ -24,7 +25,30 @@ ROOT = Path(__file__).resolve().parent.parent
 LIMIT = 10.0           # seconds the lab's processes may outlive the kernel
 
 
-def start_lab_in_kernel(tmp_path, mark: str, guard: bool = True):
+def pool_processes(kernel_pid: int) -> list[int]:
+    """The warm parent (labkit.runtime.zygote) a kernel started, and what it forked."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"labkit.runtime.zygote" in argv and argv[argv.index(b"labkit.runtime.zygote") + 2] \
+                == str(kernel_pid).encode():
+            found.append(int(entry))
+    return [p for p in found if processes_alive(p)]
+
+
+def processes_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except OSError:
+        return False
+
+
+def start_lab_in_kernel(tmp_path, mark: str, launcher: str, guard: bool = True):
     from jupyter_client import KernelManager
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -38,7 +62,7 @@ def start_lab_in_kernel(tmp_path, mark: str, guard: bool = True):
     marker = tmp_path / "rank"
     kc.execute(
         "from labkit import run_lab\n"
-        f"run_lab({str(LAB)!r}, nproc=2, timeout=600, quiet=True, env="
+        f"run_lab({str(LAB)!r}, nproc=2, timeout=600, quiet=True, launcher={launcher!r}, env="
         f"{{{MARK!r}: {mark!r}, 'LABKIT_TEST_MARKER': {str(marker)!r}, 'LABKIT_TEST_SLEEP': '300'}})\n")
     deadline = time.monotonic() + 120          # imports on a loaded 2-core machine are slow
     while time.monotonic() < deadline:
@@ -51,7 +75,10 @@ def start_lab_in_kernel(tmp_path, mark: str, guard: bool = True):
         kill_marked(mark)
         pytest.fail("the lab's ranks did not start within 120 s")
     alive = processes_marked(mark)
-    assert len(alive) >= 3, f"expected torchrun and 2 ranks, found pids {alive}"
+    # torchrun and 2 ranks; the pool's ranks carry the mark, its warm parent does not
+    assert len(alive) >= (3 if launcher == "torchrun" else 2), f"found pids {alive}"
+    if launcher == "pool":
+        assert pool_processes(km.provisioner.pid), "the kernel has no warm pool"
     return km, kc
 
 
@@ -66,10 +93,16 @@ def end_kernel(km, how: str) -> None:
         raise ValueError(how)
 
 
+@pytest.fixture(params=["pool", "torchrun"])
+def launcher(request):
+    return request.param
+
+
 @pytest.mark.parametrize("how", ["restart", "shutdown", "kill -9"])
-def test_lab_dies_with_its_kernel(tmp_path, how):
+def test_lab_dies_with_its_kernel(tmp_path, how, launcher):
     mark = uuid.uuid4().hex
-    km, kc = start_lab_in_kernel(tmp_path, mark)
+    km, kc = start_lab_in_kernel(tmp_path, mark, launcher)
+    kernel = km.provisioner.pid
     try:
         t0 = time.monotonic()
         end_kernel(km, how)
@@ -78,6 +111,10 @@ def test_lab_dies_with_its_kernel(tmp_path, how):
         print(f"\n{how}: the kernel call took {returned:.2f} s; the lab's processes were gone "
               f"{after:.2f} s after it ({returned + after:.2f} s from the start of the {how})")
         assert left == [], f"after the kernel's {how}, pids {left} were still alive {LIMIT:g} s later"
+        deadline = time.monotonic() + LIMIT
+        while pool_processes(kernel) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pool_processes(kernel) == [], f"the warm pool outlived its kernel's {how}"
     finally:
         kc.stop_channels()
         if km.is_alive():
@@ -85,15 +122,16 @@ def test_lab_dies_with_its_kernel(tmp_path, how):
         kill_marked(mark)
 
 
-def test_without_the_guard_the_lab_outlives_a_killed_kernel(tmp_path):
+def test_without_the_guard_the_lab_outlives_a_killed_kernel(tmp_path, launcher):
     mark = uuid.uuid4().hex
-    km, kc = start_lab_in_kernel(tmp_path, mark, guard=False)
+    km, kc = start_lab_in_kernel(tmp_path, mark, launcher, guard=False)
     try:
         end_kernel(km, "kill -9")
         time.sleep(3.0)
         left = processes_marked(mark)
-        assert len(left) >= 3, ("without the guard torchrun and both ranks should survive the "
-                                f"kernel (that is the bug the guard fixes); alive: {left}")
+        assert len(left) >= (3 if launcher == "torchrun" else 2), (
+            "without the guard the ranks (and torchrun) should survive the kernel (that is the "
+            f"bug the guard fixes); alive: {left}")
     finally:
         kc.stop_channels()
         if km.is_alive():

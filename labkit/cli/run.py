@@ -1,6 +1,11 @@
-"""`labkit run LAB [-n N] [--timeout S] [-- LAB ARGS]`: run a lab under torchrun.
+"""`labkit run LAB [-n N] [--timeout S] [--launcher pool|torchrun] [-- LAB ARGS]`: run a lab.
+
+On one Linux machine the ranks are forked from a warm pool (labkit.runtime.pool); across nodes,
+or with `--launcher torchrun` (or LABKIT_LAUNCHER=torchrun), they run under torchrun. From the
+shell each command starts its own pool, so the gain is in notebooks and tests, which run many.
 
     labkit run hello -n 2
+    labkit run hello -n 2 --launcher torchrun          # the standard path, for comparison
     labkit run labkit.labs.hello -n 4 --timeout 60
     labkit run path/to/lab.py -n 2 -- --steps 10        # lab arguments after --
     # two nodes (run on each, same endpoint; R = 0 on the node that hosts the endpoint):
@@ -34,6 +39,10 @@ def _add_options(parser: argparse.ArgumentParser, default=None) -> None:
                         help="also show torchrun's own log")
     parser.add_argument("--oversubscribe", action="store_true", default=d(False),
                         help="start more ranks than this machine holds (refused otherwise)")
+    parser.add_argument("--launcher", choices=["auto", "pool", "torchrun"], default=d(None),
+                        help="pool: ranks forked from a warm process (one Linux machine); "
+                             "torchrun: python -m torch.distributed.run; auto (default, or "
+                             "LABKIT_LAUNCHER): the pool where it can")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -85,7 +94,7 @@ def run(args) -> int:
                          timeout=args.timeout or None, nnodes=args.nnodes,
                          node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
                          rdzv_id=rdzv_id, verbose=args.verbose,
-                         oversubscribe=args.oversubscribe or None)
+                         oversubscribe=args.oversubscribe or None, launcher=args.launcher)
     except ValueError as exc:
         print(f"labkit run: {exc}", file=sys.stderr)
         return 2
@@ -96,5 +105,5 @@ def run(args) -> int:
         return 130
     ranks = [r for r in result.ranks if r.wall_time is not None]
     print(f"labkit run: {result.target} finished on {len(ranks)} rank(s) in "
-          f"{result.wall_time:.1f} s", file=sys.stderr)
+          f"{result.wall_time:.1f} s ({result.launcher})", file=sys.stderr)
     return 0

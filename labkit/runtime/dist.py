@@ -38,13 +38,13 @@ ENV_RESULTS_DIR = "LABKIT_RESULTS_DIR"          # where ranks write their JSON-l
 ENV_COLLECTIVE_TIMEOUT = "LABKIT_COLLECTIVE_TIMEOUT"  # seconds; the launcher sets it above its own
 ENV_BACKEND = "LABKIT_BACKEND"                  # gloo | nccl, overrides the automatic choice
 ENV_RANK_LAUNCHER = "LABKIT_RANK_LAUNCHER"      # "pool" in a rank the warm pool started
-HEAVY_MODULES = ("transformers",)               # imports the warm pool takes on once needed
 
 # A collective that waits longer than this raises instead of hanging. torch's default is 30 min;
 # a lab on a laptop that waits 5 minutes in one all-reduce is broken, not slow.
 DEFAULT_COLLECTIVE_TIMEOUT = 300.0
 
 _T0 = time.time()          # start of this rank (the bootstrap imports us first thing)
+_MODULES_AT_START = set(sys.modules)
 _reports: list[dict] = []  # what report() was given, also when no launcher listens
 _finished = False
 _ctx: "Context | None" = None
@@ -262,9 +262,25 @@ def _finish(code: int) -> None:
     global _finished
     if not _finished:
         _finished = True
-        # which slow imports this lab needed: the warm pool imports them ahead of the next lab
-        heavy = [m for m in HEAVY_MODULES if m in sys.modules]
-        _write({"kind": "exit", "code": code, "wall_time": time.time() - _T0, "modules": heavy})
+        record = {"kind": "exit", "code": code, "wall_time": time.time() - _T0}
+        if rank() == 0 and os.environ.get(ENV_RANK_LAUNCHER) == "pool":
+            # what this lab imported from installed packages (transformers, torch's own
+            # submodules, ...): the warm pool imports them too, ahead of the next lab
+            record["modules"] = _installed_modules_imported()
+        _write(record)
+
+
+def _installed_modules_imported() -> list[str]:
+    """Modules imported since this rank started that live in site-packages (never labkit's
+    or the learner's code, which must be imported fresh by every lab), in import order."""
+    out = []
+    for name in list(sys.modules):
+        if name in _MODULES_AT_START or name.split(".")[0] in ("labkit", "__main__"):
+            continue
+        path = getattr(sys.modules[name], "__file__", None) or ""
+        if "site-packages" in path or "dist-packages" in path:
+            out.append(name)
+    return out
 
 
 def shutdown(exit_process: bool | None = None) -> None:

@@ -1,25 +1,33 @@
-"""Run a lab under torchrun from a notebook or the shell, and say clearly how it ended.
+"""Run a lab on N ranks from a notebook or the shell, and say clearly how it ended.
 
     from labkit import run_lab, LabError
     result = run_lab("labkit.labs.hello", nproc=4, timeout=120)
     result.results[1]["all_reduce"]      # what rank 1 passed to labkit.runtime.dist.report()
-    result.ranks[1].exit_code, result.ranks[1].wall_time, result.wall_time
+    result.ranks[1].exit_code, result.ranks[1].wall_time, result.wall_time, result.launcher
+
+Two launchers, the same ranks (the same variables: RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/
+PORT, TORCHELASTIC_*), the same output, results and failure reports:
+- "pool" (default on one Linux machine): ranks are forked from a warm process that imported
+  torch once (labkit.runtime.pool, labkit.runtime.zygote): a 4-rank lab starts in ~0.1 s
+  instead of 4-9 s. Its rendezvous store listens on 127.0.0.1 only.
+- "torchrun" (several nodes, SLURM, or launcher="torchrun" / LABKIT_LAUNCHER=torchrun):
+  `python -m torch.distributed.run` (a bare `torchrun` may not be on a kernel's PATH) with a
+  c10d rendezvous on 127.0.0.1:0, so the OS picks the port and two labs can run at once (a
+  fixed --master-port collides, --master-port 0 hangs). torchrun writes each rank's output to
+  a log file (--redirects) that this process tails (`LogTail`).
 
 How, and why so:
-- `python -m torch.distributed.run` (a bare `torchrun` may not be on a kernel's PATH) with a c10d
-  rendezvous on 127.0.0.1:0: the OS picks the port, so two labs can run at once (a fixed
-  --master-port collides, and --master-port 0 hangs).
 - Each rank runs `labkit.runtime.bootstrap`, which records start/exit/error to a per-run directory
   (LABKIT_RESULTS_DIR) and writes torch elastic's error file, so every failure comes back with
   its rank, exception and traceback.
-- torchrun tees each rank's output with a "[default<local rank>]:" prefix; this process reads
-  the pipes in its main thread and prints "[rank R] ..." lines as they arrive, which is what
-  makes output live in a Jupyter cell. torchrun's own log lines are kept in `result.agent_log`.
-- torchrun runs in a session of its own and its workers each in theirs, so a timeout, a failure,
-  or KeyboardInterrupt (the notebook's stop button) ends with SIGTERM then SIGKILL to torchrun's
-  group, each rank's group, and any process carrying this run's LABKIT_RUN_ID.
-- If this process dies instead (a kernel restart, shutdown or kill -9), torchrun and the ranks
-  die with it: `labkit.runtime.guard` links them to it.
+- This process prints "[rank R] ..." lines as they arrive, in its main thread, which is what
+  makes output live in a Jupyter cell. The launcher's own log lines are kept in
+  `result.agent_log`.
+- Every rank runs in a session of its own, so a timeout, a failure, or KeyboardInterrupt (the
+  notebook's stop button) ends with SIGTERM then SIGKILL to each rank's group (and torchrun's),
+  and to any process carrying this run's LABKIT_RUN_ID.
+- If this process dies instead (a kernel restart, shutdown or kill -9), the ranks die with it:
+  `labkit.runtime.guard` links them (and torchrun) to it; the pool's processes watch it too.
 """
 from __future__ import annotations
 
@@ -117,7 +125,7 @@ def _torchrun_command(target: str, nproc: int, args, log_dir: str, run_id: str, 
            "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
            "--rdzv-endpoint", rdzv_endpoint or "127.0.0.1:0",
            "--rdzv-id", rdzv_id or run_id, "--max-restarts", "0",
-           "--log-dir", log_dir, "--tee", "3"]
+           "--log-dir", log_dir, "--redirects", "3"]
     if node_rank is not None:
         cmd += ["--node-rank", str(node_rank)]
     return cmd + ["-m", "labkit.runtime.bootstrap", target, *[str(a) for a in args]]
@@ -206,7 +214,8 @@ def run_lab(target, nproc: int | None = None, args=(), timeout: float | None = 3
             launcher = "torchrun"
     if job is None:
         job = _TorchrunJob(_torchrun_command(target, nproc, args, log_dir, run_id, nnodes,
-                                             node_rank, rdzv_endpoint, rdzv_id), child_env)
+                                             node_rank, rdzv_endpoint, rdzv_id), child_env,
+                            log_dir)
     deaths = DeathWatch(results_dir)        # when each rank died: who failed first
     stacks: dict[int, str] = {}
     state = "exited"
@@ -255,7 +264,7 @@ class _TorchrunJob:
     """A lab under `python -m torch.distributed.run` (through the guard), read through its two
     pipes; what _pump and run_lab need of a launcher (PoolJob is the other)."""
 
-    def __init__(self, cmd: list[str], env: dict):
+    def __init__(self, cmd: list[str], env: dict, log_dir: str):
         if guard.enabled(env):
             cmd = guard.guarded_command(cmd)
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -263,9 +272,13 @@ class _TorchrunJob:
         self.streams = {self.proc.stdout.fileno(): "stdout", self.proc.stderr.fileno(): "stderr"}
         self.control = None
         self.pids: dict[int, int] = {}
+        self.tail = LogTail(log_dir)
 
     def line(self, printer, tag, text: str) -> None:
-        printer.line(text, tag)
+        printer.line(text, tag)      # torchrun's own lines: the ranks' are in their log files
+
+    def tick(self, printer) -> None:
+        self.tail.poll(printer)
 
     def ended(self) -> bool:
         return self.proc.poll() is not None
@@ -281,7 +294,7 @@ class _TorchrunJob:
         teardown(self.proc, run_id, pids)
 
     def drain(self, printer, log_dir: str) -> None:
-        printer.drain(log_dir)
+        self.tail.poll(printer, final=True)
 
     def returncode(self) -> int | None:
         return self.proc.returncode
@@ -328,16 +341,14 @@ def _rank_labeller(nnodes: int, results_dir: str):
 
 
 class _Printer:
-    """Turns torchrun's "[default<local>]:text" lines into "[rank R] text" on our stdout/stderr
-    (looked up at each write, so a notebook cell or pytest's capture gets them); torchrun's own
-    lines go to agent_log. Counts each rank's lines so that what torchrun did not forward can be
-    read from the rank's log file later (`drain`)."""
+    """Prints the ranks' lines as "[rank R] text" on our stdout/stderr (looked up at each
+    write, so a notebook cell or pytest's capture gets them); the launcher's own lines go to
+    agent_log (and are shown with verbose)."""
 
     def __init__(self, quiet: bool, verbose: bool, label):
         self.quiet, self.verbose, self.label = quiet, verbose, label
         self.output: list[str] = []
         self.agent_log: list[str] = []
-        self.counts: dict[tuple[int, str], int] = defaultdict(int)
 
     def line(self, line: str, dest: str) -> None:
         m = _PREFIX.match(line)
@@ -347,15 +358,13 @@ class _Printer:
                 return
             text = f"[torchrun] {line}"
         else:
-            local = int(m.group(1))
-            self.counts[(local, dest)] += 1
-            return self.rank_line(local, m.group(2), dest)
+            return self.rank_line(int(m.group(1)), m.group(2), dest)
         self._show(text, dest)
 
     def rank_line(self, local: int, content: str, dest: str) -> None:
         """One line a rank wrote (without torchrun's prefix)."""
         content = _TORCH_RANK_PREFIX.sub("", content)
-        if not content.strip():   # torchrun's tail adds empty lines at a rank's exit
+        if not content.strip():
             return
         text = f"[{self.label(local)}] {content}"
         self.output.append(text)
@@ -367,21 +376,46 @@ class _Printer:
             stream.write(text + "\n")
             stream.flush()
 
-    def drain(self, log_dir: str) -> None:
-        """Print the lines of each rank's log file (<log_dir>/<run>/attempt_N/<local>/std*.log)
-        that torchrun had not forwarded when it ended."""
-        for root, _dirs, files in os.walk(log_dir):
-            if not os.path.basename(root).isdigit():
+
+
+class LogTail:
+    """Reads the ranks' log files torchrun writes (<log_dir>/<run>/attempt_N/<local>/std*.log,
+    with --redirects) as they grow, and hands whole lines to printer.rank_line. Read here, not
+    through torchrun's --tee: its tailer prints a line it caught half-written as two pieces
+    ("[default0]:ou" then "[default0]:t 19746"), which garbles the line and breaks ordering."""
+
+    def __init__(self, log_dir: str):
+        self.log_dir = log_dir
+        self.files: dict[str, tuple[int, str]] = {}     # path -> (local rank, dest)
+        self.offset: dict[str, int] = defaultdict(int)
+        self.partial: dict[str, bytes] = defaultdict(bytes)
+
+    def _find(self) -> None:
+        for root, _dirs, files in os.walk(self.log_dir):
+            if os.path.basename(root).isdigit():
+                for dest in ("stdout", "stderr"):
+                    path = os.path.join(root, f"{dest}.log")
+                    if f"{dest}.log" in files and path not in self.files:
+                        self.files[path] = (int(os.path.basename(root)), dest)
+
+    def poll(self, printer, final: bool = False) -> None:
+        """Print what the files gained since the last call (final: also a last line that has
+        no newline)."""
+        self._find()
+        for path, (local, dest) in sorted(self.files.items(), key=lambda kv: kv[1]):
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self.offset[path])
+                    chunk = f.read()
+            except OSError:
                 continue
-            local = int(os.path.basename(root))
-            for dest in ("stdout", "stderr"):
-                if f"{dest}.log" not in files:
-                    continue
-                with open(os.path.join(root, f"{dest}.log"), encoding="utf-8",
-                          errors="replace") as f:
-                    lines = f.read().splitlines()
-                for text in lines[self.counts[(local, dest)]:]:
-                    self.line(f"[default{local}]:{text}", dest)
+            self.offset[path] += len(chunk)
+            *lines, self.partial[path] = (self.partial[path] + chunk).split(b"\n")
+            if final and self.partial[path]:
+                lines.append(self.partial[path])
+                self.partial[path] = b""
+            for raw in lines:
+                printer.rank_line(local, raw.decode("utf-8", "replace"), dest)
 
 
 def _all_ranks_done(results_dir: str, nproc: int) -> bool:
@@ -426,6 +460,7 @@ def _pump(job, t0, timeout, printer: _Printer, done=None, deaths: DeathWatch | N
                 if done():
                     state = "finished"
                     job.finish()
+            job.tick(printer)
             wait = 0.1 if timeout is None else max(0.0, min(0.1, t0 + timeout - now))
             for key, _ in sel.select(wait):
                 if key.data is None:               # the pool agent's messages

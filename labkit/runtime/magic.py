@@ -7,7 +7,8 @@
     report(sum=x.item())               # -> _torchrun.results[rank]
     print0("sum over ranks:", x.item())
 
-The cell runs in fresh processes, not in the kernel: it sees none of the notebook's variables,
+The cell runs in fresh processes (forked from the warm pool, or under torchrun with
+`--launcher torchrun`), not in the kernel: it sees none of the notebook's variables,
 and it starts with labkit.runtime.dist set up and these names defined: rank, world_size, device, ctx
 (labkit.runtime.dist.Context), report, print0, progress, torch, dist (torch.distributed). Output is
 streamed into the cell with a rank prefix; the LabResult is returned and also stored in the
@@ -32,9 +33,12 @@ class TorchrunMagics(Magics):
     @argument("--backend", choices=["gloo", "nccl"], default=None,
               help="default: NCCL when each rank has a GPU, else gloo")
     @argument("--quiet", action="store_true", help="do not stream the ranks' output")
+    @argument("--launcher", choices=["auto", "pool", "torchrun"], default=None,
+              help="pool: fork the ranks from a warm process (fast, one machine); torchrun: "
+                   "python -m torch.distributed.run; default: LABKIT_LAUNCHER, else auto")
     @cell_magic
     def torchrun(self, line, cell):
-        """Run this cell under torchrun on N ranks (see labkit.runtime.magic)."""
+        """Run this cell on N ranks (see labkit.runtime.magic)."""
         from labkit.runtime.launch import run_lab
 
         opts = parse_argstring(self.torchrun, line)
@@ -46,7 +50,7 @@ class TorchrunMagics(Magics):
             with open(path, "w", encoding="utf-8") as f:
                 f.write(cell)
             result = run_lab(path, nproc=opts.nproc, timeout=opts.timeout, env=env,
-                             quiet=opts.quiet)
+                             quiet=opts.quiet, launcher=opts.launcher)
         self.shell.user_ns["_torchrun"] = result
         return result
 

@@ -10,8 +10,9 @@ transformers). Used by run_lab for single-node labs (launcher="pool", the defaul
 One warm parent per launcher process (labkit.runtime.zygote) has imported torch once; each lab
 forks a fresh process per rank from it, so nothing leaks between labs, a learner's edited code
 is imported fresh, and the ranks share the parent's memory pages until they write them (one
-warm process serves any number of ranks: the pool needs no size). After a lab that imported
-transformers the pool imports it too, so the next such lab starts warm.
+warm process serves any number of ranks: the pool needs no size). What a lab imported from
+installed packages (transformers, torch's lazily imported parts) the pool imports after it, so
+the next such lab starts warm; never labkit's or the learner's modules.
 
 The pool is restarted when it would not give what a fresh process gets: when a variable read at
 import time differs (PYTHON*, TORCH*, OMP_*, MKL_*, HF_*, ...; e.g. env={"OMP_NUM_THREADS": "2"}),
@@ -35,7 +36,6 @@ from labkit.runtime import guard, rundir
 from labkit.runtime.zygote import ENV_SLOT, SLOT_SIZE, recv, send
 
 READY_TIMEOUT = 300.0          # importing torch on a busy laptop takes seconds, not minutes
-PRELOADABLE = ("transformers",)
 # Variables a process reads while importing torch/transformers/Python itself: a pool started
 # with other values would not give what a fresh process gets.
 IMPORT_TIME_PREFIXES = ("PYTHON", "TORCH", "PYTORCH", "OMP_", "MKL_", "OPENBLAS_", "KMP_",
@@ -71,7 +71,10 @@ class Pool:
         self.log_path = os.path.join(self.dir, "warm-parent.log")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         started = guard.start_time(os.getpid()) or "-"
-        zenv = {**env, ENV_SLOT: " " * SLOT_SIZE, "PYTHONUNBUFFERED": "1"}
+        # This process's environment, with the lab's import-time variables (not its others:
+        # LABKIT_RUN_ID and the lab's own belong to the ranks, which get them at each lab).
+        zenv = {**os.environ, **dict(self.key), ENV_SLOT: " " * SLOT_SIZE,
+                "PYTHONUNBUFFERED": "1"}
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "labkit.runtime.zygote", str(theirs.fileno()),
@@ -131,7 +134,7 @@ class Pool:
 
     def preload(self, modules) -> None:
         """Import these in the warm parent, once, from now on (no wait)."""
-        new = [m for m in modules if m in PRELOADABLE and m not in self.requested]
+        new = [m for m in modules if m not in self.requested]
         if new:
             self.requested.update(new)
             with self.lock:
@@ -254,7 +257,8 @@ class PoolJob:
                    "env": env, "cwd": os.getcwd(), "run_id": run_id,
                    "log_dir": os.path.join(log_dir, run_id),
                    "store_timeout": (timeout or 1800.0) + 60.0,
-                   "shutdown_timeout": float(env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", 5))}
+                   "shutdown_timeout": float(env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", 5)),
+                   "guard": guard.enabled(env)}
         for attempt in (1, 2):
             self.pool = get(env)
             try:
@@ -298,6 +302,9 @@ class PoolJob:
     def finish(self) -> None:
         pass
 
+    def tick(self, printer) -> None:
+        pass
+
     def stop(self, run_id: str, pids: set[int]) -> None:
         """Stop whatever of the lab still runs (teardown: SIGTERM, SIGKILL after the grace),
         hear the agent's last exit codes, and close its socket (it then leaves)."""
@@ -326,8 +333,8 @@ class PoolJob:
 
     def after(self, records: dict) -> None:
         """Import what this lab needed (e.g. transformers) in the pool before the next one."""
-        needed = {m for recs in records.values() for rec in recs if rec["kind"] == "exit"
-                  for m in rec.get("modules", [])}
+        needed = [m for recs in records.values() for rec in recs if rec["kind"] == "exit"
+                  for m in rec.get("modules", [])]
         if needed and self.pool.alive():
             try:
                 self.pool.preload(needed)

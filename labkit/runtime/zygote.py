@@ -123,7 +123,7 @@ def _import(names) -> list[str]:
 def _watched_files(names) -> dict[str, float]:
     """Files whose change makes this pool stale: the packages it imported, and this file."""
     files = {}
-    for name in ["labkit.runtime.zygote", *names]:
+    for name in ["labkit.runtime.zygote", *(n for n in names if "." not in n)]:
         mod = sys.modules.get(name) or (sys.modules["__main__"] if name ==
                                         "labkit.runtime.zygote" else None)
         path = getattr(mod, "__file__", None)
@@ -132,6 +132,22 @@ def _watched_files(names) -> dict[str, float]:
     import torch
     files[torch.version.__file__] = os.stat(torch.version.__file__).st_mtime
     return files
+
+
+def _check_threads() -> None:
+    """An import that starts a thread makes later forks risky (a lock it holds stays held in
+    the child): say so in the pool's log, where a hang's investigation will look."""
+    tasks = os.listdir("/proc/self/task")
+    if len(tasks) > 1:
+        names = []
+        for t in tasks:
+            try:
+                with open(f"/proc/self/task/{t}/comm") as f:
+                    names.append(f.read().strip())
+            except OSError:
+                pass
+        print(f"labkit pool: warning: {len(tasks)} threads after imports ({', '.join(names)})",
+              file=sys.stderr, flush=True)
 
 
 def _cuda_initialised() -> bool:
@@ -147,6 +163,7 @@ def main(argv: list[str]) -> None:
     stop = _watch_while_importing(ctrl, launcher_pid, started)
     loaded = _import(WARM_MODULES + tuple(preload))
     stop()
+    _check_threads()
     send(ctrl, {"op": "ready", "pid": os.getpid(), "modules": loaded,
                 "files": _watched_files(loaded), "cuda_initialised": _cuda_initialised()})
     launcher = _pidfd(launcher_pid)
@@ -165,7 +182,9 @@ def main(argv: list[str]) -> None:
         if msg is None or msg["op"] == "exit":
             break
         if msg["op"] == "preload":
-            loaded += [m for m in _import(msg["modules"]) if m not in loaded]
+            known = set(loaded)
+            loaded += [m for m in _import(m for m in msg["modules"] if m not in known)]
+            _check_threads()
         elif msg["op"] == "ping":
             send(ctrl, {"op": "pong", "modules": loaded, "files": _watched_files(loaded)})
         elif msg["op"] == "run":
@@ -237,17 +256,20 @@ def _agent(conn: socket.socket, req: dict) -> None:
     except OSError:
         _signal_groups(pids.values(), signal.SIGKILL)
         return
-    _monitor(conn, pids, req["shutdown_timeout"])
+    _monitor(conn, pids, req["shutdown_timeout"], req.get("guard", True))
 
 
-def _monitor(conn: socket.socket, pids: dict[int, int], shutdown_timeout: float) -> None:
+def _monitor(conn: socket.socket, pids: dict[int, int], shutdown_timeout: float,
+             guard: bool = True) -> None:
     """Report each rank's exit; when one fails, stop the others as torchrun does; when the
-    launcher closes the socket, kill them all."""
+    launcher closes the socket, kill them all (unless LABKIT_ORPHAN_GUARD=0 asked to see what
+    happens without: then they run on)."""
     running = dict(pids)
     fds = {r: fd for r, p in pids.items() if (fd := _pidfd(p)) is not None}
     kill_at = None
+    listening = True
     while running:
-        watched = [conn] + [fds[r] for r in running if r in fds]
+        watched = ([conn] if listening else []) + [fds[r] for r in running if r in fds]
         wait = 0.05 if len(fds) < len(running) else 1.0
         try:
             ready, _, _ = select.select(watched, [], [], wait)
@@ -258,7 +280,9 @@ def _monitor(conn: socket.socket, pids: dict[int, int], shutdown_timeout: float)
                 msg, _ = recv(conn)
             except OSError:
                 msg = None
-            if msg is None or msg.get("op") == "kill":
+            if msg is None and not guard:
+                listening = False
+            elif msg is None or msg.get("op") == "kill":
                 _signal_groups(running.values(), signal.SIGKILL)
                 kill_at = kill_at or time.monotonic()
         for r, pid in list(running.items()):

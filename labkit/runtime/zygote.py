@@ -382,7 +382,9 @@ def _rank(r: int, fds: list[int], req: dict, port: int, close: tuple) -> None:
         import atexit
         import random
         atexit._clear()                   # the lab's own exit handlers run, not the parent's
-        random.seed()                     # a fresh process would have its own
+        random.seed()                     # a fresh process has its own state (Python's
+        if "numpy" in sys.modules:        # random also reseeds at fork; numpy's does not)
+            sys.modules["numpy"].random.seed()
         for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGUSR1, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)

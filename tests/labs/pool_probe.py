@@ -19,6 +19,13 @@ TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_
                  "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE",
                  "TORCHELASTIC_ERROR_FILE", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "OMP_NUM_THREADS")
 
+
+
+def np_random():
+    import numpy
+    return numpy.random.random()
+
+
 parser = argparse.ArgumentParser()
 parser.add_argument("--import", dest="module", default=None)
 parser.add_argument("--atexit", default=None)
@@ -39,7 +46,7 @@ leaked = hasattr(torch, "_labkit_test_leak")
 if args.leak:
     torch._labkit_test_leak = True
 dist.report(vars={k: os.environ.get(k) for k in TORCHRUN_VARS}, cwd=os.getcwd(),
-            path=sys.path[:2], random=random.random(), threads=torch.get_num_threads(),
+            path=sys.path[:2], random=[random.random(), np_random()], threads=torch.get_num_threads(),
             leaked=leaked, imported=imported, launcher=dist.launcher(), pid=os.getpid(),
             ppid=os.getppid(), visible_run_id=any(e.startswith("LABKIT_RUN_ID=") for e in visible),
             cuda_initialised=torch.cuda.is_initialized())

@@ -78,7 +78,12 @@ def test_two_ranks_start_and_all_reduce():
     check = doctor.check_launch(nproc=2, timeout=120)
     assert check.status == "ok", check.detail
     assert check.data["seconds"] > 0 and check.data["backend"] == "gloo"
-    # torchrun's rendezvous store binds every interface (issue 11, point 3): the doctor says so
+    # the warm pool keeps its rendezvous store on loopback (issue 12)
+    assert check.data["launcher"] == "pool" and "from the warm pool" in check.detail
+    assert doctor.check_exposure(check).status == "ok"
+    # torchrun's binds every interface (issue 11, point 3): the doctor says so
+    check = doctor.check_launch(nproc=2, timeout=120, launcher="torchrun")
+    assert check.status == "ok" and check.data["launcher"] == "torchrun", check.detail
     listens = [tuple(s) for s in check.data["launcher_listens"]]
     assert listens, "the hello lab reports what torchrun listens on"
     ports = doctor.check_exposure(check)

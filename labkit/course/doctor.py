@@ -194,20 +194,23 @@ def check_lab_defaults() -> Check:
                  data={"nproc": nproc, "backend": backend})
 
 
-def check_launch(nproc: int = 2, timeout: float = 120.0) -> Check:
-    """Start `nproc` local ranks with the hello lab and check their all-reduce."""
-    name = f"{nproc}-rank launch"
+def check_launch(nproc: int = 2, timeout: float = 120.0, launcher: str | None = None) -> Check:
+    """Start `nproc` local ranks with the hello lab and check their all-reduce. launcher: None
+    for run_lab's default (the warm pool on Linux), or "torchrun" (the multi-node path)."""
+    name = f"{nproc}-rank launch" + (f" ({launcher})" if launcher else "")
     try:
         from labkit.runtime.launch import LabError, run_lab
     except ImportError as exc:
         return Check(name, "fail", f"labkit.runtime.launch cannot be imported: {exc}", SETUP_FIX)
     t0 = time.perf_counter()
     try:
-        result = run_lab("labkit.labs.hello", nproc=nproc, timeout=timeout, quiet=True)
+        extra = {"launcher": launcher} if launcher else {}
+        result = run_lab("labkit.labs.hello", nproc=nproc, timeout=timeout, quiet=True, **extra)
     except LabError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        how = f" --launcher {launcher}" if launcher else ""
         return Check(name, "fail", f"the hello lab failed: {first}",
-                     "run `labkit run hello -n 2` to see every rank's output")
+                     f"run `labkit run hello -n 2{how}` to see every rank's output")
     seconds = time.perf_counter() - t0
     expected = sum(range(1, nproc + 1))  # each rank contributes rank + 1
     got = [r.get("all_reduce") for r in result.results]
@@ -215,29 +218,33 @@ def check_launch(nproc: int = 2, timeout: float = 120.0) -> Check:
     if got != [expected] * nproc:
         return Check(name, "fail", f"all-reduce gave {got}, expected {expected} on every rank",
                      "report this: the collective returned a wrong sum")
-    return Check(name, "ok", f"{nproc} ranks started and all-reduced over {backend} "
+    used = getattr(result, "launcher", launcher or "torchrun")
+    via = "from the warm pool" if used == "pool" else "under torchrun"
+    return Check(name, "ok", f"{nproc} ranks started {via} and all-reduced over {backend} "
                              f"(sum {expected} on every rank) in {seconds:.1f} s",
-                 data={"seconds": seconds, "backend": backend,
+                 data={"seconds": seconds, "backend": backend, "launcher": used,
                        "launcher_listens": result.results[0].get("launcher_listens")})
 
 
 def check_exposure(launch: Check) -> Check:
-    """What torchrun listened on during the launch check. Its rendezvous store (torch's
-    TCPStore) binds every interface whatever address it is given: while a lab runs, its ports
-    are open to the network, unauthenticated. Until labkit runs its own store on 127.0.0.1,
-    the doctor says so and how to close them."""
-    name = "lab ports"
+    """What the launcher listened on during the launch check. torchrun's rendezvous store
+    (torch's TCPStore) binds every interface whatever address it is given: while a lab runs,
+    its ports are open to the network, unauthenticated; the doctor says so and how to close
+    them. The warm pool binds its store to 127.0.0.1 only."""
+    who = launch.data.get("launcher", "torchrun")
+    name = "lab ports" + (f" ({who})" if launch.name.endswith(")") else "")
     listens = launch.data.get("launcher_listens")
     if launch.status != "ok" or listens is None:
         return Check(name, "info", "unknown (the launch check did not run or could not see)")
     if not listens:
-        return Check(name, "info", "unknown (no /proc here to read torchrun's sockets from)")
+        return Check(name, "info", f"unknown (no /proc here to read {who}'s sockets from)")
     open_ = system.exposed([tuple(s) for s in listens])
     shown = ", ".join(f"[{a}]:{p}" if ":" in a else f"{a}:{p}" for a, p in sorted(open_))
     if not open_:
-        return Check(name, "ok", "torchrun listened on loopback only", data={"exposed": []})
+        return Check(name, "ok", f"{'the warm pool' if who == 'pool' else who} listened on "
+                                 "loopback only", data={"exposed": []})
     return Check(name, "warn",
-                 f"while a lab runs, torchrun's rendezvous listens on every interface ({shown}; "
+                 f"while a lab runs, {who}'s rendezvous listens on every interface ({shown}; "
                  "new ports each run), reachable from the network without authentication",
                  "on a shared or cloud machine keep inbound ports closed (a cloud security group, "
                  "or `ufw default deny incoming`); multi-node labs need their rendezvous port open "
@@ -281,5 +288,8 @@ def run_checks(launch: bool = True, nproc: int = 2, timeout: float = 120.0) -> R
     if launch:
         started = check_launch(nproc=nproc, timeout=timeout)
         checks += [started, check_exposure(started)]
+        if started.data.get("launcher") == "pool":   # the multi-node path works too
+            started = check_launch(nproc=nproc, timeout=timeout, launcher="torchrun")
+            checks += [started, check_exposure(started)]
     checks += [*check_jupyter(), check_port()]
     return Report(checks)

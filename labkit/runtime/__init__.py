@@ -1,6 +1,7 @@
 """The distributed runtime (layer 3): starting labs and what runs inside a rank.
 
-- `launch`: `run_lab` starts a lab under torchrun from a notebook or the shell; `results`
+- `launch`: `run_lab` starts a lab from a notebook or the shell, on the warm pool (`pool`, the
+  launcher side, and `zygote`, the warm process that forks the ranks) or under torchrun; `results`
   holds what it returns (`LabResult`, `LabError`); `verdict` says how the lab ended and which
   rank failed first; `teardown` stops everything; `postmortem` reads what the ranks left
   behind; `rundir` owns each run's directory; `guard` makes torchrun and the ranks die with the

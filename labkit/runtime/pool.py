@@ -20,6 +20,11 @@ when torch, transformers or this machinery changed on disk, or when it died. It 
 owner: it watches the owner's pid and its control socket.
 
 Where fork is not safe or not there (macOS, Windows) run_lab uses torchrun.
+
+What a lab can tell apart from torchrun: its ranks share Python's string-hash seed (fixed when
+the warm parent started, as if PYTHONHASHSEED were set), so a set of strings iterates in the
+same order on every rank; modules from installed packages may already be imported (their
+import-time side effects happened in the warm parent, before RANK was set).
 """
 from __future__ import annotations
 

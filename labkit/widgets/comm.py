@@ -106,8 +106,9 @@ class CommCalculator(Calculator):
         nbytes = self._number("size_mb") * MB
         ranks = self.read_ints(["ranks"])["ranks"]
         if ranks < 2:
-            raise ValueError(f"ranks N={ranks!r}: a collective needs at least 2 ranks; allowed: "
-                             f"a whole number from 2 to {validate.show(validate.MAX_RANKS)}")
+            raise ValueError(f"ranks N={validate.describe(ranks)}: a collective needs at least 2 "
+                             "ranks; allowed: a whole number from 2 to "
+                             f"{validate.show(validate.MAX_RANKS)}")
         if c["link"].value == CUSTOM:
             bw, lat = self._number("bandwidth_gbs") * 1e9, self._number("latency_us") * 1e-6
         else:

@@ -18,11 +18,14 @@ def test_doctor_sees_the_gpus_and_nccl():
     assert report["lab defaults"].data["backend"] == "nccl"
 
 
-def test_hello_lab_all_reduces_over_nccl():
+@pytest.mark.parametrize("launcher", ["pool", "torchrun"])
+def test_hello_lab_all_reduces_over_nccl(launcher):
+    """From the warm pool too: its parent never initialised CUDA, so forked ranks can."""
     from labkit.runtime.launch import run_lab
 
     n = torch.cuda.device_count()
-    result = run_lab("labkit.labs.hello", nproc=n, timeout=180, quiet=True)
+    result = run_lab("labkit.labs.hello", nproc=n, timeout=180, quiet=True, launcher=launcher)
+    assert result.launcher == launcher
     assert [r["backend"] for r in result.results] == ["nccl"] * n
     assert [r["device"] for r in result.results] == [f"cuda:{i}" for i in range(n)]
     assert all(r["all_reduce"] == n * (n + 1) / 2 for r in result.results)

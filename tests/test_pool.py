@@ -184,3 +184,14 @@ def test_a_pool_that_cannot_start_falls_back_to_torchrun_unless_asked_for(monkey
     with pytest.raises(LabError, match="the warm pool could not start: simulated") as info:
         run_lab("hello", nproc=2, timeout=120, quiet=True, launcher="pool")
     assert info.value.reason == "launcher"
+
+
+def test_warm_returns_at_once_and_takes_preloads_before_it_is_ready():
+    pool.shutdown()
+    t = time.monotonic()
+    p = pool.warm(preload=["packaging.version"])
+    assert time.monotonic() - t < 1.0 and not p._ready      # torch is still importing
+    p.preload(["packaging.specifiers"])                      # queued while it imports
+    p.sync()
+    assert {"torch", "packaging.version", "packaging.specifiers"} <= set(p.modules)
+    assert probe().launcher == "pool" and pool.current() is p

@@ -46,7 +46,8 @@ READY_TIMEOUT = 300.0          # importing torch on a busy laptop takes seconds,
 IMPORT_TIME_PREFIXES = ("PYTHON", "TORCH", "PYTORCH", "OMP_", "MKL_", "OPENBLAS_", "KMP_",
                         "GOMP_", "LD_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "CUDA_",
                         "LC_", "LANG")
-NOT_IMPORT_TIME = ("TORCHELASTIC_", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "PYTHONUNBUFFERED")
+NOT_IMPORT_TIME = ("TORCHELASTIC_", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "PYTHONUNBUFFERED",
+                   "TORCH_ELASTIC_SHUTDOWN_TIMEOUT")   # set by run_lab, read later
 
 
 def supported() -> bool:
@@ -147,6 +148,7 @@ class Pool:
 
     def sync(self, timeout: float = READY_TIMEOUT) -> None:
         """Wait until the warm parent has done what it was asked (e.g. a preload)."""
+        self.wait_ready(timeout)
         with self.lock:
             send(self.ctrl, {"op": "ping"})
             self.ctrl.settimeout(timeout)
@@ -204,8 +206,9 @@ _lock = threading.Lock()
 _pool: Pool | None = None
 
 
-def get(env: dict, preload=()) -> Pool:
-    """The warm pool for a lab with this environment, started (or restarted) as needed."""
+def get(env: dict, preload=(), wait: bool = True) -> Pool:
+    """The warm pool for a lab with this environment, started (or restarted) as needed;
+    wait: until it is ready (has imported torch)."""
     global _pool
     key = import_key(env)
     with _lock:
@@ -218,7 +221,8 @@ def get(env: dict, preload=()) -> Pool:
             atexit.unregister(shutdown)
             atexit.register(shutdown)
         pool = _pool
-    pool.wait_ready()      # every caller waits (two labs at once share one start)
+    if wait:
+        pool.wait_ready()      # every caller waits (two labs at once share one start)
     return pool
 
 
@@ -226,14 +230,17 @@ def current() -> Pool | None:
     return _pool
 
 
-def warm(preload=(), env: dict | None = None, wait: bool = False) -> Pool:
-    """Start the warm pool now (from a notebook's first cell: the imports then overlap the
-    reading). preload: also import these (e.g. ["transformers"]). wait: return only when the
-    preloads are done. env: as run_lab's env= (what its labs will add)."""
+def warm(preload=(), env: dict | None = None, wait: bool = False) -> Pool | None:
+    """Start the warm pool now and return at once (from a notebook's first cell: its imports
+    then overlap the reading). preload: also import these (e.g. ["transformers"]). wait:
+    return only when it is ready and the preloads are done. env: as run_lab's env= (what its
+    labs will add). Returns None where there is no pool (not Linux)."""
+    if not supported():
+        return None
     full = dict(os.environ)
     full.setdefault("OMP_NUM_THREADS", "1")
     full.update({k: str(v) for k, v in (env or {}).items()})
-    p = get(full, preload)
+    p = get(full, preload, wait=wait)
     p.preload(preload)
     if wait:
         p.sync()

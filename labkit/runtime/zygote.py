@@ -88,12 +88,22 @@ def _watch_while_importing(ctrl, pid: int, started: str | None):
     fd = _pidfd(pid)
 
     def watch():
+        listen = True
         while True:
-            watched = [stop_r, ctrl] + ([fd] if fd is not None else [])
+            watched = [stop_r] + ([ctrl] if listen else []) + ([fd] if fd is not None else [])
             ready, _, _ = select.select(watched, [], [], 0.5)
             if stop_r in ready:
                 return
-            if (fd is not None and fd in ready) or ctrl in ready or _launcher_gone(pid, started):
+            if ctrl in ready:
+                try:
+                    closed = ctrl.recv(1, socket.MSG_PEEK) == b""
+                except OSError:
+                    closed = True
+                if not closed:
+                    listen = False    # a request waits (e.g. a preload): read after imports
+            else:
+                closed = False
+            if closed or (fd is not None and fd in ready) or _launcher_gone(pid, started):
                 os._exit(0)    # the launcher is gone (or closed us): nobody wants this pool
 
     thread = threading.Thread(target=watch, name="labkit-pool-import-watch", daemon=True)
@@ -188,9 +198,10 @@ def main(argv: list[str]) -> None:
         elif msg["op"] == "ping":
             send(ctrl, {"op": "pong", "modules": loaded, "files": _watched_files(loaded)})
         elif msg["op"] == "run":
-            if _cuda_initialised():      # never expected; refuse rather than fork
-                os.close(fds[0])
-                continue
+            if _cuda_initialised():      # a preload did it: never fork now; the next
+                print("labkit pool: CUDA was initialised here; leaving (forked ranks could "
+                      "not use it)", file=sys.stderr, flush=True)
+                break                    # lab starts a new pool
             pid = os.fork()
             if pid == 0:
                 try:

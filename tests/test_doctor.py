@@ -74,7 +74,8 @@ def test_bad_nproc_is_refused_on_stderr(capsys):
 
 
 @pytest.mark.multirank
-def test_two_ranks_start_and_all_reduce():
+def test_two_ranks_start_and_all_reduce(monkeypatch):
+    monkeypatch.delenv("LABKIT_LAUNCHER", raising=False)     # the default, "auto"
     check = doctor.check_launch(nproc=2, timeout=120)
     assert check.status == "ok", check.detail
     assert check.data["seconds"] > 0 and check.data["backend"] == "gloo"

@@ -175,6 +175,7 @@ def test_choosing_the_launcher(monkeypatch):
 
 
 def test_a_pool_that_cannot_start_falls_back_to_torchrun_unless_asked_for(monkeypatch, capsys):
+    monkeypatch.delenv("LABKIT_LAUNCHER", raising=False)     # the default, "auto"
     def broken(env, preload=()):
         raise pool.PoolError("simulated")
     monkeypatch.setattr(pool, "get", broken)

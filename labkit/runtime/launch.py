@@ -198,24 +198,27 @@ def run_lab(target, nproc: int | None = None, args=(), timeout: float | None = 3
         # would otherwise leave them running): see labkit.runtime.guard.
         child_env.update(guard.launcher_env())
 
-    printer = _Printer(quiet, verbose, _rank_labeller(nnodes, results_dir))
     job = None
-    if launcher == "pool":
-        from labkit.runtime.pool import PoolError, PoolJob
-        try:
-            job = PoolJob(target, nproc, args, child_env, run_id, log_dir, timeout)
-        except (PoolError, OSError) as exc:
-            if explicit:
-                shutil.rmtree(run_dir, ignore_errors=True)
-                raise LabError(f"lab {target}: the warm pool could not start: {exc}",
-                               reason="launcher") from exc
-            print(f"labkit: the warm pool could not start ({exc}); using torchrun",
-                  file=sys.stderr, flush=True)
-            launcher = "torchrun"
-    if job is None:
-        job = _TorchrunJob(_torchrun_command(target, nproc, args, log_dir, run_id, nnodes,
-                                             node_rank, rdzv_endpoint, rdzv_id), child_env,
-                            log_dir)
+    try:
+        if launcher == "pool":
+            from labkit.runtime.pool import PoolError, PoolJob
+            try:
+                job = PoolJob(target, nproc, args, child_env, run_id, log_dir, timeout)
+            except (PoolError, OSError) as exc:
+                if explicit:
+                    raise LabError(f"lab {target}: the warm pool could not start: {exc}",
+                                   reason="launcher") from exc
+                print(f"labkit: the warm pool could not start ({exc}); using torchrun",
+                      file=sys.stderr, flush=True)
+                launcher = "torchrun"
+        if job is None:
+            job = _TorchrunJob(_torchrun_command(target, nproc, args, log_dir, run_id, nnodes,
+                                                 node_rank, rdzv_endpoint, rdzv_id),
+                               child_env, log_dir)
+    except BaseException:            # LabError, an interrupt while the pool starts, ...
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    printer = _Printer(quiet, verbose, _rank_labeller(nnodes, results_dir), launcher)
     deaths = DeathWatch(results_dir)        # when each rank died: who failed first
     stacks: dict[int, str] = {}
     state = "exited"
@@ -305,7 +308,7 @@ class _TorchrunJob:
     def after(self, records) -> None:
         pass
 
-    def message(self, deaths) -> bool:
+    def message(self, printer, deaths) -> bool:
         return False
 
     def close_streams(self) -> None:
@@ -345,8 +348,8 @@ class _Printer:
     write, so a notebook cell or pytest's capture gets them); the launcher's own lines go to
     agent_log (and are shown with verbose)."""
 
-    def __init__(self, quiet: bool, verbose: bool, label):
-        self.quiet, self.verbose, self.label = quiet, verbose, label
+    def __init__(self, quiet: bool, verbose: bool, label, launcher: str = "torchrun"):
+        self.quiet, self.verbose, self.label, self.launcher = quiet, verbose, label, launcher
         self.output: list[str] = []
         self.agent_log: list[str] = []
 
@@ -356,7 +359,7 @@ class _Printer:
             self.agent_log.append(line)
             if not self.verbose:
                 return
-            text = f"[torchrun] {line}"
+            text = f"[{self.launcher}] {line}"
         else:
             return self.rank_line(int(m.group(1)), m.group(2), dest)
         self._show(text, dest)
@@ -464,7 +467,7 @@ def _pump(job, t0, timeout, printer: _Printer, done=None, deaths: DeathWatch | N
             wait = 0.1 if timeout is None else max(0.0, min(0.1, t0 + timeout - now))
             for key, _ in sel.select(wait):
                 if key.data is None:               # the pool agent's messages
-                    if not job.message(deaths):
+                    if not job.message(printer, deaths):
                         sel.unregister(key.fileobj)
                     continue
                 fd = key.fd

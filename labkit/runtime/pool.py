@@ -288,7 +288,7 @@ class PoolJob:
     def line(self, printer, tag, text: str) -> None:
         printer.rank_line(tag[0], text, tag[1])
 
-    def message(self, deaths=None) -> bool:
+    def message(self, printer=None, deaths=None) -> bool:
         """Read one message of the agent; False once it has closed its socket."""
         try:
             msg, _ = recv(self.conn)
@@ -300,6 +300,11 @@ class PoolJob:
             return False
         if msg["op"] == "started":
             self.pids = {int(r): p for r, p in msg["pids"].items()}
+            if printer is not None:       # shown with verbose=True, kept in result.agent_log
+                printer.line(f"warm parent {self.pool.proc.pid} forked agent {msg['agent']}, "
+                             f"rendezvous store on 127.0.0.1:{msg['port']}, ranks (pids) "
+                             f"{', '.join(f'{r} ({p})' for r, p in sorted(self.pids.items()))}",
+                             "stderr")
         elif msg["op"] == "exit":
             self.codes[msg["rank"]] = msg["code"]
             if msg["code"] != 0 and deaths is not None:
@@ -325,7 +330,7 @@ class PoolJob:
             teardown(None, run_id, pids | set(self.pids.values()))
             self.conn.settimeout(2.0)
             try:
-                while not self.done and self.message():
+                while not self.done and self.message(None):
                     pass
             except (OSError, ValueError):
                 pass

@@ -73,12 +73,8 @@ def _pidfd(pid: int) -> int | None:
 
 
 def _launcher_gone(pid: int, started: str | None) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except OSError:
-        return True
-    return fields[0] in (b"Z", b"X") or (started is not None and fields[19].decode() != started)
+    from labkit.runtime.guard import alive
+    return not alive(pid, started)
 
 
 def _watch_while_importing(ctrl, pid: int, started: str | None):

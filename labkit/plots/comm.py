@@ -21,6 +21,24 @@ OPS = ("broadcast", "reduce", "all_reduce", "all_gather", "reduce_scatter", "all
        "send_recv")
 
 
+_LONG = (("years", 365.25 * 86400), ("days", 86400), ("hours", 3600), ("minutes", 60))
+
+
+def fmt_time(t: float) -> str:
+    """'28.0 µs', '1.25 ms', '3.500 s'; from 2 minutes on also in the largest unit that fits
+    ('7,200 s (2.0 hours)'); tiny ones in powers of ten ('1.00e-15 s', not '0.0 µs')."""
+    if t < 1e-7:
+        return f"{t:.2e} s"
+    if t < 1e-3:
+        return f"{t * 1e6:,.1f} µs"
+    if t < 1:
+        return f"{t * 1e3:,.2f} ms"
+    if t < 120:
+        return f"{t:,.3f} s"
+    unit, size = next((u, n) for u, n in _LONG if t >= 2 * n)
+    return f"{t:,.0f} s ({t / size:,.1f} {unit})"
+
+
 def fmt_size(n: float) -> str:
     """A size as a person reads it, decimal and binary: '16.78 MB (16.00 MiB)'."""
     for unit, dec, binary, bunit in (("GB", 1e9, 2**30, "GiB"), ("MB", 1e6, 2**20, "MiB"),

@@ -114,6 +114,14 @@ class Calculator:
 
     controls: dict
     widget: object
+    # number fields: name -> (label, lowest, highest), checked by `_number` and named by
+    # `_not_offered` when a starting value is not a number
+    ranges: dict = {}
+
+    def _number(self, name: str) -> float:
+        """The value of number field `name`, checked against its range (`ranges`)."""
+        label, low, high = self.ranges[name]
+        return validate.at_least(label, self.controls[name].value, low, high)
 
     def _set_initial(self, initial: dict) -> None:
         """Starting values by control name; an unknown name is a ValueError listing the names."""
@@ -133,6 +141,10 @@ class Calculator:
         """The message for a starting value the control cannot take: not among a selection's
         options, not a bool for a checkbox, not a float for a number field."""
         w, shown = self.controls[name], validate.describe(value)
+        if name in self.ranges:
+            label, low, high = self.ranges[name]
+            return (f"{name}={shown} is not a float; allowed: a number from "
+                    f"{validate.show(low)} to {validate.show(high)} ({label})")
         if isinstance(w, widgets.Checkbox):
             return f"{name}={shown} is not True or False; allowed: True, False"
         if not hasattr(w, "options"):

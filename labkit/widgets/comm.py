@@ -23,7 +23,7 @@ from labkit import validate
 from labkit.comm import ALGORITHMS, OPS, algbw, bus_bandwidth, bytes_sent_per_rank, collective_time
 from labkit.hardware import LINKS
 from labkit.plots import png_bytes
-from labkit.plots.comm import crossover_bytes, fmt_size as _fmt_size, time_vs_size_figure
+from labkit.plots.comm import crossover_bytes, fmt_size as _fmt_size, fmt_time as _fmt_time, time_vs_size_figure
 from labkit.widgets import (Calculator, Dropdown, ToggleButtons, error_html, int_field,
                             table_html)
 
@@ -35,22 +35,6 @@ MB = 1e6
 RANGES = {"size_mb": ("message size S (MB)", 1 / MB, validate.MAX_BYTES / MB),
           "bandwidth_gbs": ("custom bandwidth (GB/s per direction)", 1e-3, 1e6),
           "latency_us": ("custom latency (µs)", 0.0, 1e6)}
-_LONG = (("years", 365.25 * 86400), ("days", 86400), ("hours", 3600), ("minutes", 60))
-
-
-def _fmt_time(t: float) -> str:
-    """'28.0 µs', '1.25 ms', '3.500 s'; from 2 minutes on also in the largest unit that fits
-    ('7,200 s (2.0 hours)'); tiny ones in powers of ten ('1.00e-15 s', not '0.0 µs')."""
-    if t < 1e-7:
-        return f"{t:.2e} s"
-    if t < 1e-3:
-        return f"{t * 1e6:,.1f} µs"
-    if t < 1:
-        return f"{t * 1e3:,.2f} ms"
-    if t < 120:
-        return f"{t:,.3f} s"
-    unit, size = next((u, n) for u, n in _LONG if t >= 2 * n)
-    return f"{t:,.0f} s ({t / size:,.1f} {unit})"
 
 
 class CommCalculator(Calculator):
@@ -62,6 +46,8 @@ class CommCalculator(Calculator):
     GB/s per direction) and latency_us (custom link: microseconds per message). Keyword
     arguments set their starting values, e.g. `CommCalculator(op="all_gather", link="ib-ndr")`.
     """
+
+    ranges = RANGES
 
     def __init__(self, **initial):
         style = {"description_width": "150px"}
@@ -116,18 +102,6 @@ class CommCalculator(Calculator):
             bw, lat = link.bandwidth, link.latency
         return dict(op=c["op"].value, nbytes=nbytes, world_size=ranks, bandwidth=bw,
                     latency=lat, algorithm=c["algorithm"].value)
-
-    def _number(self, name: str) -> float:
-        """The value of number field `name`, checked against its range (RANGES)."""
-        label, low, high = RANGES[name]
-        return validate.at_least(label, self.controls[name].value, low, high)
-
-    def _not_offered(self, name, value) -> str:
-        if name in RANGES:
-            label, low, high = RANGES[name]
-            return (f"{name}={validate.describe(value)} is not a float; allowed: a number from "
-                    f"{validate.show(low)} to {validate.show(high)} ({label})")
-        return super()._not_offered(name, value)
 
     # ---- recomputing ---------------------------------------------------------------------
     def update(self) -> None:

@@ -37,7 +37,8 @@ from labkit.plots.ddp import scaling_figure
 from labkit.scaling import SCALING, compute_time, ddp_step_time, gpu_counts, scaling_curve
 from labkit.widgets import (Calculator, Dropdown, ToggleButtons, error_html, int_field, row,
                             table_html)
-from labkit.widgets.comm import CUSTOM, RANGES as LINK_RANGES, _fmt_time
+from labkit.plots.comm import fmt_time as _fmt_time
+from labkit.widgets.comm import CUSTOM, RANGES as LINK_RANGES
 
 PLOT_UP_TO = [2**k for k in range(3, 15)]                 # 8 ... 16,384 GPUs
 # The values each number field takes (what its message names, smallest, largest).
@@ -79,6 +80,8 @@ class DDPCalculator(Calculator):
     ("time": compute_ms; "flops": gpu, mfu, batch_size sequences of seq_len tokens per GPU).
     Keyword arguments set their starting values, e.g. `DDPCalculator(gpus=64, link="ib-ndr")`.
     """
+
+    ranges = RANGES
 
     def __init__(self, **initial):
         models = [(f"{k} ({fmt_count(s.num_params())} params)", k) for k, s in PRESETS.items()]
@@ -127,17 +130,6 @@ class DDPCalculator(Calculator):
         self.update()
 
     # ---- what the controls say -----------------------------------------------------------
-    def _number(self, name: str) -> float:
-        label, low, high = RANGES[name]
-        return validate.at_least(label, self.controls[name].value, low, high)
-
-    def _not_offered(self, name, value) -> str:
-        if name in RANGES:
-            label, low, high = RANGES[name]
-            return (f"{name}={validate.describe(value)} is not a float; allowed: a number from "
-                    f"{validate.show(low)} to {validate.show(high)} ({label})")
-        return super()._not_offered(name, value)
-
     def inputs(self) -> dict:
         """The keyword arguments this calculator passes to `ddp_step_time` (ValueError naming
         the control when one is out of range)."""

@@ -11,7 +11,7 @@ torch stay inside the functions that need them.
 """
 from __future__ import annotations
 
-from labkit import comm, hardware, memory, models
+from labkit import comm, hardware, memory, models, scaling
 
 # ----------------------------------------------------------------------- 01 memory math
 
@@ -93,3 +93,41 @@ def read_busbw(line: str = NCCL_LINE) -> tuple[float, float]:
     fields = line.split()
     value = busbw("all_gather", int(fields[0]), float(fields[5]) * 1e-6, 8)
     return value / 1e9, value / hardware.LINKS["nvlink4"].bandwidth
+
+
+# ----------------------------------------------------------------------- 03 DDP
+
+def bucket_assignment(sizes, bucket_size_mb: float = 25.0) -> list[list[int]]:
+    """labkit's BucketedDDP packing of parameter sizes (bytes, registration order) into buckets."""
+    from labkit.parallel import ddp
+
+    return ddp.assign_buckets(list(sizes), bucket_size_mb)
+
+
+def sampler_indices(dataset_len, num_replicas, rank, epoch=0, shuffle=True, drop_last=False,
+                    seed=0) -> list[int]:
+    """The indices torch's own DistributedSampler gives `rank` in `epoch` (after set_epoch)."""
+    from torch.utils.data import DistributedSampler
+
+    sampler = DistributedSampler(range(dataset_len), num_replicas=num_replicas, rank=rank,
+                                 shuffle=shuffle, seed=seed, drop_last=drop_last)
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
+def ddp_step_time(num_params, gpus, bandwidth, latency, compute_seconds, bucket_size_mb=25.0,
+                  grad_bytes=4) -> float:
+    """Seconds of a DDP step with no overlap: compute + every bucket's ring all-reduce."""
+    return scaling.ddp_step_time(num_params, gpus, None, compute_seconds=compute_seconds,
+                                 bandwidth=bandwidth, latency=latency, grad_bytes=grad_bytes,
+                                 bucket_size_mb=bucket_size_mb, overlap=0.0).total
+
+
+def ddp_7b_step(gpus: int = 64, link: str = "ib-ndr", compute_seconds: float = 2.0) -> float:
+    """Exercise step_time's question: 7B parameters, bf16 gradients, 25 MiB buckets."""
+    L = hardware.LINKS[link]
+    return ddp_step_time(7e9, gpus, L.bandwidth, L.latency, compute_seconds, grad_bytes=2)
+
+
+def throughput_loss(step_time_increase) -> float:
+    return scaling.throughput_loss(step_time_increase)

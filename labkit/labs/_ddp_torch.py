@@ -88,8 +88,8 @@ def trial(args, ctx, module, *, micro: int = 1, no_sync: bool = False, wrapper=N
             if step == WARMUP:
                 grads = [p.grad for p in model.parameters() if p.grad is not None]
                 seen: set = set()      # unique storages: a gradient viewing a bucket counts once
-                out["grads_and_buckets"] = (measure._storage_bytes(grads, seen)
-                                            + measure._storage_bytes(buffers, seen))
+                out["grads_and_buckets"] = (measure.storage_bytes(grads, seen)
+                                            + measure.storage_bytes(buffers, seen))
                 out["grad_norm"] = torch.cat([g.reshape(-1) for g in grads]).norm().item()
             opt.step()
             opt.zero_grad()

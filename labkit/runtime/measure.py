@@ -45,7 +45,11 @@ def _storage_key(t) -> tuple:
     return (t.device.type, t.device.index, s.data_ptr())
 
 
-def _storage_bytes(tensors, seen: set) -> int:
+def storage_bytes(tensors, seen: set | None = None) -> int:
+    """Bytes of the distinct storages behind `tensors` (None entries skipped): a view, or a
+    tensor sharing a storage already counted (in `seen`, updated), costs nothing. How the DDP
+    lab shows gradient_as_bucket_view saving one copy of the gradients."""
+    seen = set() if seen is None else seen
     total = 0
     for t in tensors:
         if t is None:
@@ -79,8 +83,8 @@ def state_bytes(model, optimizer=None) -> StateBytes:
     """Deduplicated storage bytes of parameters, gradients and optimizer states on this rank."""
     params = list(model.parameters())
     seen: set = set()
-    p_bytes = _storage_bytes(params, seen)
-    g_bytes = _storage_bytes((p.grad for p in params), seen)
+    p_bytes = storage_bytes(params, seen)
+    g_bytes = storage_bytes((p.grad for p in params), seen)
     o_bytes = s_bytes = 0
     if optimizer is not None:
         for state in optimizer.state.values():
@@ -88,9 +92,9 @@ def state_bytes(model, optimizer=None) -> StateBytes:
                 if not hasattr(value, "untyped_storage"):
                     continue
                 if name == "step":
-                    s_bytes += _storage_bytes([value], seen)
+                    s_bytes += storage_bytes([value], seen)
                 else:
-                    o_bytes += _storage_bytes([value], seen)
+                    o_bytes += storage_bytes([value], seen)
     return StateBytes(p_bytes, g_bytes, o_bytes, s_bytes)
 
 

@@ -93,21 +93,7 @@ def definition_source(obj) -> str:
     if not text:
         raise ValueError(f"cannot find the source of class {obj.__name__}: define it in a "
                          "notebook cell or a .py file (with at least one method) and run it again")
-    try:
-        tree = ast.parse(text)
-    except SyntaxError as exc:
-        raise ValueError(f"the cell that defines class {obj.__name__} does not parse: "
-                         f"{exc}") from None
-    if not any(isinstance(n, ast.ClassDef) and n.name == obj.__name__ for n in tree.body):
-        raise ValueError(f"class {obj.__name__} must be defined at the top level of its cell, "
-                         "so that the ranks can import it")
-    lines = text.splitlines()
-    kept = [n for n in tree.body if isinstance(n, ring._KEEP)
-            or (isinstance(n, (ast.Assign, ast.AnnAssign)) and not ring._has_call(n))]
-
-    def first_line(node) -> int:         # decorators included
-        return min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-    return "\n\n".join("\n".join(lines[first_line(n) - 1:n.end_lineno]) for n in kept) + "\n"
+    return ring.reduced_source(text, obj.__name__, ast.ClassDef, f"class {obj.__name__}")
 
 
 def _stub_message(obj, task: str) -> str | None:

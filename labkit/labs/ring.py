@@ -87,10 +87,20 @@ def function_source(fn) -> str:
         except (OSError, TypeError):
             raise ValueError(f"cannot find the source of {name}(): define it in a notebook cell "
                              "or a .py file and run that cell again") from None
+    return reduced_source(text, name, (ast.FunctionDef, ast.AsyncFunctionDef), f"{name}()")
+
+
+def reduced_source(text: str, name: str, kinds, label: str) -> str:
+    """`text` (a cell or a module) reduced to what defining `name` (a top-level node of one of
+    `kinds`) needs: imports, function and class definitions, assignments that call nothing.
+    label: how messages name it ("ring_all_reduce()", "class MyDDP")."""
     try:
         tree = ast.parse(text)
     except SyntaxError as exc:
-        raise ValueError(f"the cell that defines {name}() does not parse: {exc}") from None
+        raise ValueError(f"the cell that defines {label} does not parse: {exc}") from None
+    if not any(isinstance(n, kinds) and n.name == name for n in tree.body):
+        raise ValueError(f"{label} must be defined at the top level of its cell (not inside "
+                         "another function or an if-block), so that the ranks can import it")
     lines = text.splitlines()
     kept = []
     for node in tree.body:
@@ -98,12 +108,7 @@ def function_source(fn) -> str:
                                        and not _has_call(node)):
             first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
             kept.append("\n".join(lines[first - 1:node.end_lineno]))   # whole lines: comments too
-    out = "\n\n".join(kept) + "\n"
-    if not any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name
-               for n in tree.body):
-        raise ValueError(f"{name}() must be defined at the top level of its cell (not inside "
-                         "another function or an if-block), so that the ranks can import it")
-    return out
+    return "\n\n".join(kept) + "\n"
 
 
 def export_function(fn, directory: str | None = None) -> str:

@@ -107,6 +107,23 @@ def _option_values(w) -> list:
     return [o[1] if isinstance(o, tuple) else o for o in w.options]
 
 
+def pick(description, options, value, width="250px", toggles=False):
+    """A dropdown (or toggle buttons) of the calculators' standard width and label width."""
+    kind = ToggleButtons if toggles else Dropdown
+    w = kind(options=options, value=value, description=description,
+             style={"description_width": "110px", **({"button_width": "80px"} if toggles else {})},
+             layout=widgets.Layout(width=width))
+    if toggles:
+        w.add_class("widget-inline-hbox")
+    return w
+
+
+def float_field(description, value, width="250px"):
+    """A typed number field of the calculators' standard width (checked by Calculator._number)."""
+    return widgets.FloatText(value=value, description=description, layout=widgets.Layout(
+        width=width), style={"description_width": "110px"})
+
+
 class Calculator:
     """What every calculator shares. A subclass builds `self.controls` (name -> widget), calls
     `self._set_initial(initial)`, builds its outputs and `self.widget`, then `self._watch()`;

@@ -35,8 +35,8 @@ from labkit.plots import fmt_count, png_bytes
 from labkit.plots.comm import fmt_size
 from labkit.plots.ddp import scaling_figure
 from labkit.scaling import SCALING, compute_time, ddp_step_time, gpu_counts, scaling_curve
-from labkit.widgets import (Calculator, Dropdown, ToggleButtons, error_html, int_field, row,
-                            table_html)
+from labkit.widgets import (Calculator, Dropdown, ToggleButtons, error_html, float_field,
+                            int_field, pick, row, table_html)
 from labkit.plots.comm import fmt_time as _fmt_time
 from labkit.widgets.comm import CUSTOM, RANGES as LINK_RANGES
 
@@ -52,21 +52,6 @@ TYPED = ("gpus", "batch_size", "seq_len")
 def _ratio(x: float) -> str:
     """'1.06', '12,345.68', then '1.23e+07' (never 20 digits)."""
     return f"{x:,.2f}" if x < 1e6 else f"{x:.3g}"
-
-
-def _pick(description, options, value, width="250px", toggles=False):
-    kind = ToggleButtons if toggles else Dropdown
-    w = kind(options=options, value=value, description=description,
-             style={"description_width": "110px", **({"button_width": "80px"} if toggles else {})},
-             layout=widgets.Layout(width=width))
-    if toggles:
-        w.add_class("widget-inline-hbox")
-    return w
-
-
-def _float_field(description, value, width="250px"):
-    return widgets.FloatText(value=value, description=description, layout=widgets.Layout(
-        width=width), style={"description_width": "110px"})
 
 
 class DDPCalculator(Calculator):
@@ -88,25 +73,25 @@ class DDPCalculator(Calculator):
         links = [(f"{v.name}: {v.bandwidth / 1e9:,.1f} GB/s per direction", k)
                  for k, v in LINKS.items()]
         c = {
-            "model": _pick("model", models + [("custom size", CUSTOM)], "llama2-7b", "380px"),
-            "params_b": _float_field("billion params", 7.0),
+            "model": pick("model", models + [("custom size", CUSTOM)], "llama2-7b", "380px"),
+            "params_b": float_field("billion params", 7.0),
             "gpus": int_field("GPUs", 8, description_width="110px"),
-            "max_gpus": _pick("plot up to", [(f"{n:,} GPUs", n) for n in PLOT_UP_TO], 1024),
-            "scaling": _pick("scaling", list(SCALING), "weak", "300px", toggles=True),
-            "link": _pick("link", links + [("custom bandwidth and latency", CUSTOM)],
+            "max_gpus": pick("plot up to", [(f"{n:,} GPUs", n) for n in PLOT_UP_TO], 1024),
+            "scaling": pick("scaling", list(SCALING), "weak", "300px", toggles=True),
+            "link": pick("link", links + [("custom bandwidth and latency", CUSTOM)],
                           "ib-ndr", "420px"),
-            "bandwidth_gbs": _float_field("GB/s (per dir.)", 25.0),
-            "latency_us": _float_field("latency (µs)", 5.0),
-            "algorithm": _pick("algorithm", list(ALGORITHMS), "ring", "300px", toggles=True),
-            "grad_dtype": _pick("gradients", ["fp32", "bf16", "fp16"], "fp32"),
-            "bucket_mb": _float_field("bucket (MiB)", 25.0),
-            "overlap": _pick("overlap", [(f"{p}% of backward", p / 100) for p in range(0, 101, 10)],
+            "bandwidth_gbs": float_field("GB/s (per dir.)", 25.0),
+            "latency_us": float_field("latency (µs)", 5.0),
+            "algorithm": pick("algorithm", list(ALGORITHMS), "ring", "300px", toggles=True),
+            "grad_dtype": pick("gradients", ["fp32", "bf16", "fp16"], "fp32"),
+            "bucket_mb": float_field("bucket (MiB)", 25.0),
+            "overlap": pick("overlap", [(f"{p}% of backward", p / 100) for p in range(0, 101, 10)],
                              1.0),
-            "compute": _pick("compute from", [("time", "time"), ("FLOPs", "flops")], "time",
+            "compute": pick("compute from", [("time", "time"), ("FLOPs", "flops")], "time",
                              "300px", toggles=True),
-            "compute_ms": _float_field("compute (ms)", 500.0),
-            "gpu": _pick("GPU", [(g.name, k) for k, g in GPUS.items()], "h100-sxm", "380px"),
-            "mfu": _pick("MFU", [(f"{p}%", p / 100) for p in range(5, 101, 5)], 0.4),
+            "compute_ms": float_field("compute (ms)", 500.0),
+            "gpu": pick("GPU", [(g.name, k) for k, g in GPUS.items()], "h100-sxm", "380px"),
+            "mfu": pick("MFU", [(f"{p}%", p / 100) for p in range(5, 101, 5)], 0.4),
             "batch_size": int_field("sequences/GPU", 4, description_width="110px"),
             "seq_len": int_field("seq length", 4096, description_width="110px"),
         }

@@ -34,8 +34,8 @@ from labkit.plots import GB, fmt_count, png_bytes
 from labkit.plots.comm import fmt_time
 from labkit.plots.memory import memory_bars
 from labkit.plots.zero_calc import STRATEGY_LABELS, comm_bars
-from labkit.widgets import Calculator, error_html, int_field, row, table_html
-from labkit.widgets.ddp import RANGES as DDP_RANGES, _float_field, _pick
+from labkit.widgets import Calculator, error_html, float_field, int_field, pick, row, table_html
+from labkit.widgets.ddp import RANGES as DDP_RANGES
 from labkit.widgets.memory import CUSTOM, SEQ_LENS
 
 RANGES = {"params_b": DDP_RANGES["params_b"], "compute_ms": DDP_RANGES["compute_ms"]}
@@ -61,20 +61,20 @@ class ZeROCalculator(Calculator):
     def __init__(self, **initial):
         models = [(f"{k} ({fmt_count(s.num_params())} params)", k) for k, s in PRESETS.items()]
         c = {
-            "model": _pick("model", models + [("custom size", CUSTOM)], "llama2-7b", "380px"),
-            "params_b": _float_field("billion params", 7.0),
+            "model": pick("model", models + [("custom size", CUSTOM)], "llama2-7b", "380px"),
+            "params_b": float_field("billion params", 7.0),
             "dp": int_field("dp (GPUs)", 8, description_width="110px"),
             "microbatches": int_field("micro-batches", 1, description_width="110px"),
             "batch_size": int_field("micro-batch", 1, description_width="110px"),
-            "seq_len": _pick("seq length", [(f"{s:,}", s) for s in SEQ_LENS], 4096),
-            "precision": _pick("precision", list(PRECISIONS), "bf16-mixed"),
-            "optimizer": _pick("optimizer", list(OPTIMIZERS), "adamw"),
-            "offload": _pick("offload", list(OFFLOAD), "none", "380px", toggles=True),
-            "gpu": _pick("GPU", [(g.name, k) for k, g in GPUS.items()], "h100-sxm", "380px"),
-            "link": _pick("dp link", [(f"{v.name}: {v.bandwidth / 1e9:,.1f} GB/s per direction",
+            "seq_len": pick("seq length", [(f"{s:,}", s) for s in SEQ_LENS], 4096),
+            "precision": pick("precision", list(PRECISIONS), "bf16-mixed"),
+            "optimizer": pick("optimizer", list(OPTIMIZERS), "adamw"),
+            "offload": pick("offload", list(OFFLOAD), "none", "380px", toggles=True),
+            "gpu": pick("GPU", [(g.name, k) for k, g in GPUS.items()], "h100-sxm", "380px"),
+            "link": pick("dp link", [(f"{v.name}: {v.bandwidth / 1e9:,.1f} GB/s per direction",
                                        k) for k, v in LINKS.items()], "ib-ndr", "420px"),
-            "host_link": _pick("host link", [(LINKS[k].name, k) for k in HOST_LINKS], "pcie5"),
-            "compute_ms": _float_field("compute (ms)", 500.0),
+            "host_link": pick("host link", [(LINKS[k].name, k) for k in HOST_LINKS], "pcie5"),
+            "compute_ms": float_field("compute (ms)", 500.0),
         }
         self.controls: dict[str, widgets.Widget] = c
         self._set_initial(initial)

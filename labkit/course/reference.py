@@ -131,3 +131,49 @@ def ddp_7b_step(gpus: int = 64, link: str = "ib-ndr", compute_seconds: float = 2
 
 def throughput_loss(step_time_increase) -> float:
     return scaling.throughput_loss(step_time_increase)
+
+
+# ----------------------------------------------------------------------- 04 ZeRO
+
+ZERO_STRATEGIES = ("ddp", "zero1", "zero2", "zero3")      # stage 0 is DDP
+
+
+def partition(sizes, world_size) -> list[list[int]]:
+    """torch's ZeroRedundancyOptimizer's partition (labkit's partition_parameters): parameters
+    from the largest to the smallest, each to the least-loaded rank; indices ascending per rank."""
+    from labkit.parallel import zero
+
+    return zero.partition_parameters(list(sizes), world_size)
+
+
+def zero_bytes(num_params, stage, dp) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer states) bytes per GPU: bf16-mixed AdamW, ZeRO `stage`."""
+    m = memory.estimate_memory(num_params, zero_stage=stage, dp=dp)
+    return m.params, m.grads, m.optimizer_states
+
+
+def zero_comm(num_params, stage, dp, nbytes=2) -> float:
+    """Bytes one rank sends per step (ring algorithms) under ZeRO `stage` (0 = DDP)."""
+    return comm.step_communication(ZERO_STRATEGIES[stage], num_params=num_params, dp=dp,
+                                   param_bytes=nbytes, grad_bytes=nbytes).total_bytes
+
+
+def min_gpus(num_params, stage, gpu_bytes) -> int:
+    """The smallest dp whose per-GPU model states (bf16-mixed AdamW) fit in `gpu_bytes`: the
+    states shrink as dp grows, so a doubling then a bisection over estimate_memory; ValueError
+    when even validate.MAX_RANKS GPUs do not fit."""
+    from labkit import validate
+
+    def fits(dp):
+        return memory.estimate_memory(num_params, zero_stage=stage, dp=dp).model_states <= gpu_bytes
+
+    if not fits(validate.MAX_RANKS):
+        raise ValueError(f"{num_params:g} parameters at ZeRO-{stage} fit on no number of GPUs")
+    hi = 1
+    while not fits(hi):
+        hi *= 2
+    lo = hi // 2                  # does not fit (or 0)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    return hi

@@ -79,15 +79,32 @@ class StateBytes:
         return self.params + self.grads + self.optimizer_states + self.optimizer_steps
 
 
+def _optimizers(optimizer) -> list:
+    """The optimizer and the local one it wraps, if any: labkit's ShardedOptimizer and torch's
+    ZeroRedundancyOptimizer keep this rank's shard in `.optim`."""
+    inner = getattr(optimizer, "optim", None)
+    return [optimizer] + ([inner] if hasattr(inner, "state") else [])
+
+
 def state_bytes(model, optimizer=None) -> StateBytes:
-    """Deduplicated storage bytes of parameters, gradients and optimizer states on this rank."""
+    """Deduplicated storage bytes of parameters, gradients and optimizer states on this rank.
+
+    What the optimizer holds counts too: the tensors it updates (its param_groups; a ZeRO shard
+    that is a view of the model's parameters adds nothing, a separate copy such as fp32 master
+    weights counts as optimizer state), their gradients (a ZeRO-2 gradient shard), and the
+    states of the local optimizer a sharded one wraps (ShardedOptimizer,
+    ZeroRedundancyOptimizer)."""
     params = list(model.parameters())
     seen: set = set()
     p_bytes = storage_bytes(params, seen)
     g_bytes = storage_bytes((p.grad for p in params), seen)
     o_bytes = s_bytes = 0
-    if optimizer is not None:
-        for state in optimizer.state.values():
+    optimizers = [] if optimizer is None else _optimizers(optimizer)
+    held = [p for opt in optimizers for group in opt.param_groups for p in group["params"]]
+    o_bytes += storage_bytes(held, seen)
+    g_bytes += storage_bytes((p.grad for p in held), seen)
+    for opt in optimizers:
+        for state in opt.state.values():
             for name, value in state.items():
                 if not hasattr(value, "untyped_storage"):
                     continue

@@ -35,7 +35,7 @@ from labkit.plots import fmt_count, png_bytes
 from labkit.plots.comm import fmt_size
 from labkit.plots.ddp import scaling_figure
 from labkit.scaling import SCALING, compute_time, ddp_step_time, gpu_counts, scaling_curve
-from labkit.widgets import (Calculator, Dropdown, ToggleButtons, error_html, float_field,
+from labkit.widgets import (Calculator, error_html, float_field,
                             int_field, pick, row, table_html)
 from labkit.plots.comm import fmt_time as _fmt_time
 from labkit.widgets.comm import CUSTOM, RANGES as LINK_RANGES

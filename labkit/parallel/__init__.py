@@ -2,10 +2,19 @@
 
 One file per axis, picotron-style, the naive version beside the optimised one, each tested
 against a single-device reference: `ddp` (NaiveDDP, OverlappedDDP, BucketedDDP), `zero`
-(ShardedOptimizer, ZeRO-2, FullyShardedModel), `tensor` (Megatron f/g, column/row parallel
+(ShardedOptimizer = ZeRO-1, ShardedGradientOptimizer = ZeRO-2; `zero3`: FullyShardedModel), `tensor` (Megatron f/g, column/row parallel
 layers, sequence parallelism), `pipe` (GPipe and 1F1B over send/recv), `mesh` (validated degrees,
 named DeviceMesh axes, the ordered composition TP -> activation checkpointing -> FSDP).
 Modules 03-08 of the course fill this folder.
 
 May import: torch, layer 1 and runtime/. Never labs/, course/, cli/ or the views.
 """
+
+
+def require_process_group(name: str) -> None:
+    """Raise, naming `name` and the fix, unless torch.distributed is initialised here."""
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(f"{name} needs the process group, and torch.distributed is not "
+                           "initialised in this process: call labkit.runtime.dist.setup() (or "
+                           "torch.distributed.init_process_group) first, on every rank")

@@ -85,6 +85,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from labkit.parallel import require_process_group
 from labkit.validate import MAX_BYTES, describe, positive
 
 MB = 2**20   # bucket sizes count MiB, as torch's bucket_cap_mb does
@@ -145,10 +146,7 @@ class _DataParallel(nn.Module):
         if not isinstance(module, nn.Module):
             raise ValueError(f"module={describe(module)} is a {type(module).__name__}; allowed: "
                              f"a torch.nn.Module (the model {name} replicates on every rank)")
-        if not (dist.is_available() and dist.is_initialized()):
-            raise RuntimeError(f"{name} needs the process group, and torch.distributed is not "
-                               "initialised in this process: call labkit.runtime.dist.setup() "
-                               "(or torch.distributed.init_process_group) first, on every rank")
+        require_process_group(name)
         super().__init__()
         self.module = module
         self.world_size = dist.get_world_size()

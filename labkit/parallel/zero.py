@@ -56,6 +56,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from labkit.parallel import require_process_group
 from labkit.validate import MAX_PARAMS, MAX_RANKS, describe, positive_int
 
 # ---------------------------------------------------------------------------------------------
@@ -89,13 +90,6 @@ def padded_size(numel, world_size) -> int:
     n = positive_int("world_size", world_size, MAX_RANKS)
     p = positive_int("numel", numel, MAX_PARAMS)
     return n * math.ceil(p / n)
-
-
-def require_process_group(name: str) -> None:
-    if not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError(f"{name} needs the process group, and torch.distributed is not "
-                           "initialised in this process: call labkit.runtime.dist.setup() (or "
-                           "torch.distributed.init_process_group) first, on every rank")
 
 
 def check_optimizer_class(name: str, optimizer_class) -> None:

@@ -1,0 +1,296 @@
+"""ZeRO lab: DDP, ZeRO-1/2/3 by hand and torch's ZeroRedundancyOptimizer, measured side by side.
+
+DDP, labkit.parallel.zero's three stages and torch's ZeroRedundancyOptimizer train one
+transformers model in one run; memory, communication, loss and time against the formulas.
+
+    python -m labkit.labs.zero                                   # one process (nothing sharded)
+    torchrun --nproc-per-node 4 -m labkit.labs.zero               # 4 ranks: gloo on CPU
+    torchrun --nproc-per-node 2 -m labkit.labs.zero --impl zero3 --layers 4 --hidden 256
+    labkit run zero -n 4 -- --hidden 66 --heads 6      # shards that need padding
+    labkit run zero -n 4                                          # via labkit
+
+From a notebook: `run_lab("labkit.labs.zero", nproc=4)`; every figure printed is also in
+`result.results[rank]` (labkit.runtime.dist.report) with its prediction and the ratio, and
+`labkit.plots.zero.measured_bars(result.results[0]["stages"])` draws the memory.
+
+The model is transformers' Llama built from a config (debug-llama at the flags' sizes: random
+weights, fp32, untied embeddings; by default every size divides by 2 and 4, so no shard needs
+padding; with other sizes the padding is predicted apart: `labkit.labs._zero_stages.padding`),
+trained with AdamW on random tokens: the global batch (--batch sequences per rank) is drawn the
+same on every rank and split across them. The implementations (labkit.labs._zero_stages) train
+copies of the model interleaved step by step (a busy machine slows them alike); --steps steps:
+WARMUP warm-up steps, one counted, the rest timed. Reported per implementation:
+- per-rank bytes of parameters, gradients and optimizer states (labkit.runtime.measure.
+  state_bytes, after the counted step's optimizer step, before zero_grad: everything alive),
+  beside estimate_memory(P, precision="fp32", optimizer="adamw", zero_stage=k, dp=N) and the
+  ratio, on this rank and summed over the ranks (torch's ZeroRedundancyOptimizer gives whole
+  tensors to ranks, so its ranks hold unequal shares whose sum is exact); with the padding's
+  bytes added to the prediction ("ratio_padded"); AdamW's 4-byte step counters apart;
+- collectives of the counted step (labkit.runtime.measure.CollectiveCounter: calls and bytes
+  per kind, nccl-tests' S) beside labkit.comm.step_communication("ddp" | "zero1" | "zero2" |
+  "zero3") and the ratios: ZeRO-1/2 reduce-scatter + all-gather the same 2 x 4P as DDP's
+  all-reduce sends, ZeRO-3 all-gathers twice (1.5x);
+- bytes on the wire (gloo only: this process's writes, /proc/self/io's wchar, summed over the
+  ranks) beside a ring's figure and gloo's, whose reduce_scatter runs as an all_reduce (module
+  02), so ZeRO-1/2/3 send more on gloo than a ring (NCCL) would;
+- loss per step (averaged over ranks) and final parameters beside a 1-process AdamW reference
+  that rank 0 trains on the whole batch;
+- step time (median of the timed steps) and its ratio to DDP's.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+
+import torch
+import torch.distributed as tdist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from labkit.labs._zero_stages import (EXTRA, IMPLS, TERMS, build, padding, predicted_comm,
+                                      predicted_memory, wire_expected)
+from labkit.labs.collectives import bytes_written
+from labkit.labs.ddp import CausalLM, barrier, between, global_batch, median, positive_int, shard
+from labkit.runtime import dist, measure
+
+PARTS = ("compare",)
+WARMUP = 2     # torch DDP rebuilds its buckets after the first step; ZeRO's states exist after one
+
+
+def build_model(args, device) -> CausalLM:
+    """The same Llama on every rank (seeded): debug-llama at the flags' sizes (ffn 2h)."""
+    from labkit.labs.memory import build_model as build_lm
+    from labkit.models import get_model
+
+    spec = get_model("debug-llama").with_(
+        name="lab-llama", num_layers=args.layers, hidden_size=args.hidden, num_heads=args.heads,
+        num_kv_heads=args.kv_heads, ffn_size=2 * args.hidden, vocab_size=args.vocab,
+        max_seq_len=max(args.seq, 64))
+    torch.manual_seed(args.seed)
+    model = CausalLM(build_lm(spec, None, torch.float32, "sdpa"))
+    assert sum(p.numel() for p in model.parameters()) == spec.num_params()
+    return model.to(device).train()
+
+
+def train_step(stage, ids, after=None) -> float:
+    loss = stage.model(ids)
+    loss.backward()
+    if stage.sync is not None:
+        stage.sync()
+    stage.opt.step()
+    if after is not None:
+        after()
+    stage.opt.zero_grad()
+    return loss.item()
+
+
+def gathered(value, ctx) -> list:
+    """Every rank's `value` (a small picklable object), in rank order."""
+    if ctx.world_size == 1:
+        return [value]
+    out = [None] * ctx.world_size
+    tdist.all_gather_object(out, value)
+    return out
+
+
+def run_compare(args, ctx) -> dict:
+    base = build_model(args, ctx.device)
+    n_params = sum(p.numel() for p in base.parameters())
+    sizes = [p.numel() for p in base.parameters() if p.requires_grad]
+    stages = {k: build(k, copy.deepcopy(base), args.lr) for k in args.impl}
+    losses = {k: [] for k in args.impl}
+    times = {k: [] for k in args.impl}
+    held, counted, written = {}, {}, {}
+    for step in range(args.steps):
+        ids = shard(global_batch(args, ctx.world_size, step), ctx)
+        for kind, stage in stages.items():
+            barrier(ctx)
+            if step == WARMUP:
+                w0 = bytes_written()
+                with measure.CollectiveCounter() as counted[kind]:
+                    losses[kind].append(train_step(
+                        stage, ids, lambda s=stage, k=kind: held.__setitem__(
+                            k, measure.state_bytes(s.model, s.opt))))
+                w1 = bytes_written()
+                written[kind] = None if w0 is None or ctx.backend != "gloo" else w1 - w0
+            else:
+                t = time.perf_counter()
+                losses[kind].append(train_step(stage, ids))
+                if step > WARMUP:
+                    times[kind].append(time.perf_counter() - t)
+        dist.progress(step + 1, args.steps, loss=losses[args.impl[0]][-1])
+
+    table = torch.tensor([losses[k] for k in args.impl], dtype=torch.float64)
+    if ctx.world_size > 1:
+        tdist.all_reduce(table)
+    table /= ctx.world_size
+    mean_loss = {k: table[i].tolist() for i, k in enumerate(args.impl)}
+    finals = {k: {n: t.clone() for n, t in s.full_parameters().items()}
+              for k, s in stages.items()}
+
+    out = dict(part="compare", rank=ctx.rank, world_size=ctx.world_size, backend=ctx.backend,
+               device=str(ctx.device), num_params=n_params, layers=args.layers,
+               hidden=args.hidden, batch=args.batch, seq=args.seq, steps=args.steps, lr=args.lr,
+               impls=list(args.impl), losses=mean_loss)
+    out["stages"] = {k: figures(k, held[k], counted[k].by_kind, written[k], sizes, ctx)
+                     for k in args.impl}
+    step_s = {k: median(times[k]) for k in args.impl}
+    ddp = step_s.get("ddp")
+    out["step_s"] = step_s
+    out["step_vs_ddp"] = {k: v / ddp for k, v in step_s.items()} if ddp else {}
+    if ctx.rank == 0:
+        ref_losses, ref = reference(base, args, ctx.world_size)
+        out["reference_losses"] = ref_losses
+        out["loss_max_diff"] = {k: max(abs(a - b) for a, b in zip(v, ref_losses))
+                                for k, v in mean_loss.items()}
+        out["param_max_diff"] = {k: max((finals[k][n].cpu() - p.detach().cpu()).abs().max().item()
+                                        for n, p in ref.named_parameters())
+                                 for k in args.impl}
+    return out
+
+
+def figures(kind, state, by_kind, written, sizes, ctx) -> dict:
+    """One implementation's memory, communication and wire figures, with predictions and
+    ratios (measured / predicted); `padding` / `payload_padding`: the bytes padding adds to
+    the predictions, and `ratio_padded` / `ratio_payload_padded` against the sums (1.000
+    whatever the sizes)."""
+    n_params = sum(sizes)
+    measured = {t: getattr(state, t) for t in TERMS}
+    predicted = predicted_memory(kind, n_params, ctx.world_size)
+    pad_memory, pad_comm = padding(kind, sizes, ctx.world_size)
+    everyone = gathered([measured[t] for t in TERMS], ctx)
+    summed = {t: sum(r[i] for r in everyone) for i, t in enumerate(TERMS)}
+    comm, ring_sent = predicted_comm(kind, n_params, ctx.world_size)
+    issued = {op: {"calls": c, "bytes": b} for op, (c, b) in by_kind.items()}
+    ratio_comm = {op: issued.get(op, {"bytes": 0})["bytes"] / b for op, b in comm.items() if b}
+    out = dict(measured=measured, predicted=predicted,
+               ratio={t: measured[t] / predicted[t] if predicted[t] else None for t in TERMS},
+               by_rank=everyone, summed_ratio={t: summed[t] / (ctx.world_size * predicted[t])
+                                               if predicted[t] else None for t in TERMS},
+               padding=pad_memory,
+               ratio_padded={t: measured[t] / (predicted[t] + pad_memory[t]) if predicted[t]
+                             else None for t in TERMS},
+               optimizer_steps=state.optimizer_steps,
+               collectives=issued, predicted_collectives=comm, ratio_collectives=ratio_comm,
+               payload=sum(b for _, b in by_kind.values()), predicted_payload=sum(comm.values()))
+    out["ratio_payload"] = out["payload"] / out["predicted_payload"] if comm else None
+    out["payload_padding"] = sum(pad_comm.values())
+    out["ratio_payload_padded"] = (out["payload"] / (out["predicted_payload"] + sum(
+        pad_comm.values())) if comm else None)
+    expected = wire_expected(by_kind, ctx.world_size)
+    out["wire"] = dict(predicted_ring=ring_sent, issued_ring=expected["ring"],
+                       issued_gloo=expected["gloo"], sent=None)
+    if written is not None:
+        total = sum(w for w in gathered(written, ctx))
+        out["wire"].update(sent=total / ctx.world_size,
+                           vs_ring=total / ctx.world_size / ring_sent if ring_sent else None,
+                           vs_gloo=(total / ctx.world_size / expected["gloo"]
+                                    if expected["gloo"] else None))
+    return out
+
+
+def reference(base, args, world: int):
+    """Rank 0 alone: the same model trained with AdamW on the whole batch (losses, model)."""
+    model = copy.deepcopy(base)
+    device = next(model.parameters()).device
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    losses = []
+    for step in range(args.steps):
+        loss = model(global_batch(args, world, step).to(device))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, model
+
+
+def print_compare(r: dict) -> None:
+    n = r["world_size"]
+    print(f"transformers Llama from config: {r['layers']} layers, h {r['hidden']}: "
+          f"{r['num_params']:,} parameters (P), fp32, AdamW; {n} rank(s) x {r['batch']} x "
+          f"{r['seq']} tokens, {r['backend']} on {r['device']}")
+    print("per-rank model states (bytes on rank 0; ratio = measured / estimate_memory; "
+          "sum = all ranks / (N x predicted))")
+    print(f"{'impl':<11}{'params':>10}{'grads':>10}{'optim':>10}{'predicted':>11}"
+          f"{'ratios p/g/o':>20}{'sum ratios':>20}{'padding':>9}{'ratio':>7}")
+    for k in r["impls"]:
+        s = r["stages"][k]
+        m, p = s["measured"], s["predicted"]
+        ratios = "/".join(f"{s['ratio'][t]:.3f}" for t in TERMS)
+        sums = "/".join(f"{s['summed_ratio'][t]:.3f}" for t in TERMS)
+        pad = sum(s["padding"].values())
+        print(f"{k:<11}{m['params']:>10,}{m['grads']:>10,}{m['optimizer_states']:>10,}"
+              f"{sum(p.values()):>11,.0f}{ratios:>20}{sums:>20}{pad:>9,.0f}"
+              f"{sum(m.values()) / (sum(p.values()) + pad):>7.3f}")
+    print(f"communication of one step (payload S in bytes; 4P = {4 * r['num_params']:,})")
+    print(f"{'impl':<11}{'issued':<44}{'payload':>11}{'predicted':>11}{'ratio':>7}"
+          f"{'wire/rank':>11}{'ring':>11}{'gloo':>11}")
+    for k in r["impls"]:
+        s = r["stages"][k]
+        issued = ", ".join(f"{op} {c['calls']}x" for op, c in s["collectives"].items())
+        w = s["wire"]
+        sent = f"{w['sent']:>11,.0f}" if w["sent"] is not None else f"{'-':>11}"
+        print(f"{k:<11}{issued:<44}{s['payload']:>11,}{s['predicted_payload']:>11,.0f}"
+              f"{s['ratio_payload']:>7.3f}{sent}{w['predicted_ring']:>11,.0f}"
+              f"{w['issued_gloo']:>11,.0f}")
+    print("(wire/rank: bytes this lab's processes wrote, averaged over ranks; ring: what "
+          "step_communication says a ring sends; gloo: the same for what was issued, with "
+          "gloo's reduce_scatter sent as an all_reduce)")
+    if "loss_max_diff" in r:
+        print(f"{'impl':<11}{'loss diff':>10}{'param diff':>11}{'step ms':>9}{'vs DDP':>8}")
+        for k in r["impls"]:
+            vs = r["step_vs_ddp"].get(k, float("nan"))
+            print(f"{k:<11}{r['loss_max_diff'][k]:>10.1e}{r['param_max_diff'][k]:>11.1e}"
+                  f"{1e3 * r['step_s'][k]:>9.1f}{vs:>8.2f}")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--part", choices=PARTS, default="compare", help="what to run (default compare)")
+    p.add_argument("--impl", action="append", choices=IMPLS + EXTRA,
+                   help="an implementation to run (repeatable; default: "
+                        f"{', '.join(IMPLS)}; also {', '.join(EXTRA)})")
+    p.add_argument("--layers", type=positive_int, default=2, help="Llama layers (default 2)")
+    p.add_argument("--hidden", type=positive_int, default=128, help="hidden size (default 128)")
+    p.add_argument("--heads", type=positive_int, default=8, help="attention heads (default 8)")
+    p.add_argument("--kv-heads", type=positive_int, default=None,
+                   help="key/value heads (default half the heads, or all of them when odd)")
+    p.add_argument("--vocab", type=positive_int, default=1024, help="vocabulary (default 1024)")
+    p.add_argument("--seq", type=positive_int, default=64, help="tokens per sequence (default 64)")
+    p.add_argument("--batch", type=positive_int, default=2, help="sequences per rank (default 2)")
+    p.add_argument("--steps", type=positive_int, default=5,
+                   help=f"steps in all (>= {WARMUP + 2}: {WARMUP} warm-up, 1 counted, the rest "
+                        "timed; default 5)")
+    p.add_argument("--lr", type=between(1e-9, 1, "a learning rate"), default=1e-3,
+                   help="AdamW learning rate (default 1e-3)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the weights and of the batches (default 0)")
+    args = p.parse_args(argv)
+    args.impl = list(dict.fromkeys(args.impl)) if args.impl else list(IMPLS)
+    if args.steps < WARMUP + 2:
+        p.error(f"argument --steps: {args.steps} is too few; allowed: >= {WARMUP + 2} "
+                f"({WARMUP} warm-up, 1 counted, 1 or more timed)")
+    if args.hidden % args.heads:
+        p.error(f"argument --heads: {args.heads} does not divide --hidden {args.hidden}; allowed: "
+                f"a divisor of {args.hidden}")
+    if args.kv_heads is None:
+        args.kv_heads = args.heads // 2 if args.heads % 2 == 0 else args.heads
+    if args.heads % args.kv_heads:
+        p.error(f"argument --kv-heads: {args.kv_heads} does not divide --heads {args.heads}; "
+                f"allowed: a divisor of {args.heads}")
+    return args, p
+
+
+@record
+def main(argv: list[str] | None = None) -> None:
+    args, _ = parse_args(argv)
+    ctx = dist.setup()
+    result = run_compare(args, ctx)
+    if ctx.rank == 0:
+        print_compare(result)
+    dist.report(**result)
+    dist.shutdown()
+
+
+if __name__ == "__main__":
+    main()

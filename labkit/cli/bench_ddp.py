@@ -17,7 +17,6 @@ to the lab.
 """
 from __future__ import annotations
 
-import argparse
 import os
 
 GOAL = 0.9          # bucketed / torch throughput
@@ -33,29 +32,14 @@ def summary(r: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="labkit bench ddp", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--nproc", type=int, default=None,
-                        help="ranks (default: one per GPU, else 2)")
-    parser.add_argument("--steps", type=int, default=20,
-                        help="steps in all, the first 4 not timed (default 20)")
-    parser.add_argument("--timeout", type=float, default=600,
-                        help="seconds before the ranks are stopped (default 600)")
-    args, lab_args = parser.parse_known_args(argv or [])
-    if args.steps < 5:
-        parser.error(f"argument --steps: {args.steps} is too few; allowed: >= 5 (2 warm-up, "
-                     "1 counted, 1 timeline, then the timed ones)")
+    from labkit.cli._lab_bench import lab_bench_parser, parse, run_bench_lab
 
-    from labkit.runtime import system
-    from labkit.runtime.launch import LabError, run_lab
-
-    gpus = system.cuda_device_count()
-    nproc = args.nproc or (gpus if gpus >= 2 else 2)
-    try:
-        result = run_lab("labkit.labs.ddp", nproc=nproc, timeout=args.timeout, quiet=True,
-                         args=["--part", "compare", "--steps", str(args.steps), *lab_args])
-    except LabError as exc:
-        print(f"labkit bench ddp: {exc}")
+    parser = lab_bench_parser("labkit bench ddp", __doc__, steps=20, least=5,
+                              why="2 warm-up, 1 counted, 1 timeline, then the timed ones")
+    args, lab_args = parse(parser, argv)
+    result = run_bench_lab(parser.prog, "labkit.labs.ddp", args,
+                           ["--part", "compare", "--steps", str(args.steps), *lab_args])
+    if result is None:
         return 1
     r = result.results[0]
     s = summary(r)

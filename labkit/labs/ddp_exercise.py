@@ -104,15 +104,46 @@ def _stub_message(obj, task: str) -> str | None:
                  lambda: obj.finish_gradient_synchronization(object.__new__(obj))]
     else:
         calls = [lambda: obj(None, None, [])]
+    return stub_message(obj.__name__, calls)
+
+
+def stub_message(name: str, calls) -> str | None:
+    """The message for a stub, or None: each call (no process group exists here) either raises
+    NotImplementedError (a stub), or fails for want of ranks, or runs."""
     for call in calls:
         try:
             with torch.random.fork_rng():     # the learner's kernel keeps its random state
                 call()
         except NotImplementedError as exc:
-            return f"{obj.__name__} is not written yet (it raised NotImplementedError: {exc})"
+            return f"{name} is not written yet (it raised NotImplementedError: {exc})"
         except Exception:  # noqa: BLE001 - expected: it needs a process group
             pass
     return None
+
+
+def run_exported(obj, lab: str, nproc: int, timeout: float, quiet: bool, args: list[str],
+                 hang: str):
+    """Run `lab` on `nproc` ranks with the source that defines `obj` (exported to a file:
+    --source PATH --name NAME, then `args`); a timeout's message starts with `hang`, the usual
+    cause for this exercise."""
+    from labkit.runtime.launch import LabError, run_lab
+
+    with tempfile.TemporaryDirectory(prefix="labkit-user-") as tmp:
+        path = f"{tmp}/user_{obj.__name__}.py"
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(definition_source(obj))
+        try:
+            return run_lab(lab, nproc=nproc, timeout=timeout, quiet=quiet,
+                           args=["--source", path, "--name", obj.__name__, *args])
+        except LabError as exc:
+            if exc.reason != "timeout":
+                raise
+            raise LabError(
+                f"{obj.__name__} did not finish within {timeout:.0f} s on {nproc} ranks. A usual "
+                f"cause: {hang}, so one waits forever for a partner.\n\n" + str(exc),
+                reason=exc.reason, rank=exc.rank, exc_type=exc.exc_type,
+                exc_message=exc.exc_message, traceback=exc.traceback,
+                result=exc.result) from None
 
 
 def run_user_ddp(obj, task: str = "wrapper", nproc: int = 2, steps: int = 3, micro: int = 4,
@@ -122,7 +153,6 @@ def run_user_ddp(obj, task: str = "wrapper", nproc: int = 2, steps: int = 3, mic
     a stub, ValueError for bad arguments or a definition whose source cannot be found, and
     labkit.runtime.launch.LabError when a rank fails outside the learner's code or the run passes
     `timeout` seconds."""
-    from labkit.runtime.launch import LabError, run_lab
     from labkit.validate import choice, positive_int
 
     choice("task", task, TASKS)
@@ -137,24 +167,10 @@ def run_user_ddp(obj, task: str = "wrapper", nproc: int = 2, steps: int = 3, mic
     stub = _stub_message(obj, task)
     if stub:
         raise NotImplementedError(stub)
-    with tempfile.TemporaryDirectory(prefix="labkit-user-") as tmp:
-        path = f"{tmp}/user_{obj.__name__}.py"
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(definition_source(obj))
-        try:
-            res = run_lab("labkit.labs.ddp_exercise", nproc=nproc, timeout=timeout, quiet=quiet,
-                          args=["--source", path, "--name", obj.__name__, "--task", task,
-                                "--steps", str(steps), "--micro", str(micro)])
-        except LabError as exc:
-            if exc.reason != "timeout":
-                raise
-            raise LabError(
-                f"{obj.__name__} did not finish within {timeout:.0f} s on {nproc} ranks. A usual "
-                "cause: the ranks did not issue the same collectives in the same order (one "
-                "all-reduce per parameter on every rank, none that only some ranks call), so "
-                "one waits forever for a partner.\n\n" + str(exc), reason=exc.reason,
-                rank=exc.rank, exc_type=exc.exc_type, exc_message=exc.exc_message,
-                traceback=exc.traceback, result=exc.result) from None
+    res = run_exported(obj, "labkit.labs.ddp_exercise", nproc, timeout, quiet,
+                       ["--task", task, "--steps", str(steps), "--micro", str(micro)],
+                       "the ranks did not issue the same collectives in the same order (one "
+                       "all-reduce per parameter on every rank, none that only some ranks call)")
     return DDPCheck.from_reports([res.results[r] for r in range(nproc)], task=task,
                                  name=obj.__name__, steps=steps, micro=micro, output=res.output)
 

@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import tempfile
 
 import torch
 
 from labkit.labs import ring
 from labkit.labs._zero_exercise_check import REDUCE_KINDS, SEND_KINDS, ZeroCheck
 from labkit.labs.ddp_exercise import (ROWS, SEED, _batch, _counted, _diff, _state, _where,
-                                      definition_source, tiny_lm)
+                                      run_exported, stub_message, tiny_lm)
 
 DEFAULT_TIMEOUT = 45          # seconds; a correct run takes ~1 s once the pool is warm
 LR = 1e-2                     # AdamW's learning rate
@@ -42,17 +41,9 @@ LR = 1e-2                     # AdamW's learning rate
 def _stub_message(cls) -> str | None:
     """Construct and step the class without a process group: a stub raises NotImplementedError
     at once, and then there is no point starting ranks."""
-    calls = [lambda: cls([torch.nn.Parameter(torch.zeros(2))], torch.optim.AdamW, lr=LR),
-             lambda: cls.step(object.__new__(cls))]
-    for call in calls:
-        try:
-            with torch.random.fork_rng():     # the learner's kernel keeps its random state
-                call()
-        except NotImplementedError as exc:
-            return f"{cls.__name__} is not written yet (it raised NotImplementedError: {exc})"
-        except Exception:  # noqa: BLE001 - expected: it needs a process group
-            pass
-    return None
+    return stub_message(cls.__name__, [
+        lambda: cls([torch.nn.Parameter(torch.zeros(2))], torch.optim.AdamW, lr=LR),
+        lambda: cls.step(object.__new__(cls))])
 
 
 def run_user_zero1(cls, nproc: int = 2, steps: int = 3, timeout: float = DEFAULT_TIMEOUT,
@@ -61,7 +52,6 @@ def run_user_zero1(cls, nproc: int = 2, steps: int = 3, timeout: float = DEFAULT
     module docstring. Raises NotImplementedError for a stub, ValueError for bad arguments or a
     class whose source cannot be found, and labkit.runtime.launch.LabError when a rank fails
     outside the learner's code or the run passes `timeout` seconds."""
-    from labkit.runtime.launch import LabError, run_lab
     from labkit.validate import positive_int
 
     nproc, steps = positive_int("nproc", nproc), positive_int("steps", steps, 100)
@@ -73,23 +63,10 @@ def run_user_zero1(cls, nproc: int = 2, steps: int = 3, timeout: float = DEFAULT
     stub = _stub_message(cls)
     if stub:
         raise NotImplementedError(stub)
-    with tempfile.TemporaryDirectory(prefix="labkit-user-") as tmp:
-        path = f"{tmp}/user_{cls.__name__}.py"
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(definition_source(cls))
-        try:
-            res = run_lab("labkit.labs.zero_exercise", nproc=nproc, timeout=timeout, quiet=quiet,
-                          args=["--source", path, "--name", cls.__name__, "--steps", str(steps)])
-        except LabError as exc:
-            if exc.reason != "timeout":
-                raise
-            raise LabError(
-                f"{cls.__name__} did not finish within {timeout:.0f} s on {nproc} ranks. A usual "
-                "cause: the ranks did not issue the same collectives in the same order (every "
-                "rank must call each reduce and broadcast, the owner and the others alike), so "
-                "one waits forever for a partner.\n\n" + str(exc), reason=exc.reason,
-                rank=exc.rank, exc_type=exc.exc_type, exc_message=exc.exc_message,
-                traceback=exc.traceback, result=exc.result) from None
+    res = run_exported(cls, "labkit.labs.zero_exercise", nproc, timeout, quiet,
+                       ["--steps", str(steps)],
+                       "the ranks did not issue the same collectives in the same order (every "
+                       "rank must call each reduce and broadcast, the owner and the others alike)")
     return ZeroCheck.from_reports([res.results[r] for r in range(nproc)], name=cls.__name__,
                                   steps=steps, output=res.output)
 

@@ -187,6 +187,19 @@ def _assign(w, value) -> None:
         assert w.value == before or (math.isnan(w.value) and math.isnan(before))
 
 
+def start_or_name_the_control(data, cls, controls, check) -> None:
+    """A calculator started with any value of any one control either works (`check` passes) or
+    refuses with a short message that starts with the control's name."""
+    name = data.draw(st.sampled_from(controls), label="control")
+    value = data.draw(ANYTHING, label=name)
+    try:
+        calc = cls(**{name: value})
+    except ValueError as exc:
+        assert str(exc).startswith(f"{name}=") and len(str(exc)) < 400, str(exc)[:300]
+        return
+    check(calc)
+
+
 def drive(data, calc, check, weights: dict) -> None:
     """Change 1 to 8 controls (names drawn by weight), checking the calculator after each."""
     check(calc)

@@ -18,8 +18,8 @@ from labkit.plots.ddp import scaling_figure
 from labkit.scaling import ddp_step_time, scaling_curve
 from labkit.widgets.comm import _fmt_time
 from labkit.widgets.ddp import CUSTOM, DDPCalculator
-from test_calculator_properties import (ANYTHING, PROPERTY, _checked_png, _raises_value_error,
-                                        _shows_one_state, drive)
+from test_calculator_properties import (PROPERTY, _checked_png, _raises_value_error,
+                                        _shows_one_state, drive, start_or_name_the_control)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -200,11 +200,4 @@ def test_ddp_calculator_shows_a_result_or_a_message(data):
 @FEWER
 @given(data=st.data())
 def test_a_starting_value_gives_a_calculator_or_a_message_naming_the_control(data):
-    name = data.draw(st.sampled_from(CONTROLS), label="control")
-    value = data.draw(ANYTHING, label=name)
-    try:
-        calc = DDPCalculator(**{name: value})
-    except ValueError as exc:
-        assert str(exc).startswith(f"{name}=") and len(str(exc)) < 400, str(exc)[:300]
-        return
-    check_ddp(calc)
+    start_or_name_the_control(data, DDPCalculator, CONTROLS, check_ddp)

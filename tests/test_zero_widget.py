@@ -13,8 +13,8 @@ from labkit.memory import estimate_memory
 from labkit.offload import offload_cost
 from labkit.plots import png_bytes
 from labkit.widgets.zero import CUSTOM, STRATEGY, ZeROCalculator
-from test_calculator_properties import (ANYTHING, PROPERTY, _checked_png, _raises_value_error,
-                                        _shows_one_state, drive)
+from test_calculator_properties import (PROPERTY, _checked_png, _raises_value_error,
+                                        _shows_one_state, drive, start_or_name_the_control)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -160,11 +160,4 @@ def test_zero_calculator_shows_a_result_or_a_message(data):
 @FEWER
 @given(data=st.data())
 def test_a_starting_value_gives_a_calculator_or_a_message_naming_the_control(data):
-    name = data.draw(st.sampled_from(CONTROLS), label="control")
-    value = data.draw(ANYTHING, label=name)
-    try:
-        calc = ZeROCalculator(**{name: value})
-    except ValueError as exc:
-        assert str(exc).startswith(f"{name}=") and len(str(exc)) < 400, str(exc)[:300]
-        return
-    check_zero(calc)
+    start_or_name_the_control(data, ZeROCalculator, CONTROLS, check_zero)

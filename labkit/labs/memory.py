@@ -196,13 +196,14 @@ def run(args, ctx) -> dict:
         opt.step()
         losses.append(loss.item())
         if last:     # measure before zero_grad: weights, gradients and states all alive
+            # the fp32 master weights are what `inner` updates: state_bytes counts them as
+            # optimizer state (they are not the model's parameters)
             states = measure.state_bytes(model, inner)
-            master = opt.master_bytes() if isinstance(opt, MasterWeights) else 0
         opt.zero_grad(set_to_none=True)
         dist.progress(step + 1, args.steps, loss=losses[-1])
 
     measured = {"params": states.params, "grads": states.grads,
-                "optimizer_states": states.optimizer_states + master,
+                "optimizer_states": states.optimizer_states,
                 "activations": saved.bytes}
     measured["model_states"] = measured["params"] + measured["grads"] + \
         measured["optimizer_states"]

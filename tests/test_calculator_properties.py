@@ -187,6 +187,13 @@ def _assign(w, value) -> None:
         assert w.value == before or (math.isnan(w.value) and math.isnan(before))
 
 
+def type_into(calc, **values) -> None:
+    """What a learner does: type into a text field (so the value is text), or pick."""
+    for name, value in values.items():
+        w = calc.controls[name]
+        w.value = str(value) if isinstance(w, widgets.Text) else value
+
+
 def start_or_name_the_control(data, cls, controls, check) -> None:
     """A calculator started with any value of any one control either works (`check` passes) or
     refuses with a short message that starts with the control's name."""

@@ -2,7 +2,6 @@
 set control values as a learner would; results follow labkit.comm; bad input is a message."""
 from __future__ import annotations
 
-import ipywidgets as widgets
 import pytest
 
 from labkit.comm import bytes_sent_per_rank, collective_time
@@ -10,13 +9,8 @@ from labkit.hardware import LINKS
 from labkit.plots import png_bytes
 from labkit.plots import comm as pc
 from labkit.widgets.comm import CUSTOM, CommCalculator
+from test_calculator_properties import type_into as _set
 
-
-def _set(calc, **values):
-    """What a learner does: type into a text field (so the value is text), or pick."""
-    for name, value in values.items():
-        w = calc.controls[name]
-        w.value = str(value) if isinstance(w, widgets.Text) else value
 
 
 def test_defaults_follow_collective_time():

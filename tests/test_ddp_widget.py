@@ -18,6 +18,7 @@ from labkit.plots.ddp import scaling_figure
 from labkit.scaling import ddp_step_time, scaling_curve
 from labkit.widgets.comm import _fmt_time
 from labkit.widgets.ddp import CUSTOM, DDPCalculator
+from test_calculator_properties import type_into as _set
 from test_calculator_properties import (PROPERTY, _checked_png, _raises_value_error,
                                         _shows_one_state, drive, start_or_name_the_control)
 
@@ -35,12 +36,6 @@ def quick_figures():
 def real_png(monkeypatch):
     monkeypatch.setattr("labkit.widgets.ddp.png_bytes", png_bytes)
 
-
-def _set(calc, **values):
-    """What a learner does: type into a text field (so the value is text), or pick."""
-    for name, value in values.items():
-        w = calc.controls[name]
-        w.value = str(value) if isinstance(w, widgets.Text) else value
 
 
 def check_ddp(calc: DDPCalculator) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import html
 
-import ipywidgets as widgets
 import pytest
 import traitlets
 
@@ -13,13 +12,8 @@ from labkit.memory import estimate_memory, tp_degrees
 from labkit.models import PRESETS, get_model
 from labkit.plots import fmt_bytes, fmt_count
 from labkit.widgets.memory import CUSTOM_FIELDS, TYPED, MemoryCalculator
+from test_calculator_properties import type_into as _set
 
-
-def _set(calc, **values):
-    """What a learner does: type into a text field (so the value is text), or pick."""
-    for name, value in values.items():
-        w = calc.controls[name]
-        w.value = str(value) if isinstance(w, widgets.Text) else value
 
 
 def test_defaults_match_estimate_memory():

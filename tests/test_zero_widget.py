@@ -13,6 +13,7 @@ from labkit.memory import estimate_memory
 from labkit.offload import offload_cost
 from labkit.plots import png_bytes
 from labkit.widgets.zero import CUSTOM, STRATEGY, ZeROCalculator
+from test_calculator_properties import type_into as _set
 from test_calculator_properties import (PROPERTY, _checked_png, _raises_value_error,
                                         _shows_one_state, drive, start_or_name_the_control)
 
@@ -23,11 +24,6 @@ def quick_figures():
         mp.setattr("labkit.widgets.zero.png_bytes", _checked_png)
         yield
 
-
-def _set(calc, **values):
-    for name, value in values.items():
-        w = calc.controls[name]
-        w.value = str(value) if isinstance(w, widgets.Text) else value
 
 
 def check_zero(calc: ZeROCalculator) -> None:

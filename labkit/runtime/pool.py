@@ -292,6 +292,8 @@ class PoolJob:
         """Read one message of the agent; False once it has closed its socket."""
         try:
             msg, _ = recv(self.conn)
+        except TimeoutError:          # stop() waits 2 s for the last exit codes: not lost
+            return False
         except OSError:
             msg = None
         if msg is None:

@@ -23,7 +23,7 @@ help:
 	@echo "make lab        set up and open the course in JupyterLab"
 	@echo "make test       set up and run every test tier that needs no GPU"
 	@echo "make grade NB=exercises/01_memory_math.ipynb   grade an exercise notebook"
-	@echo "make bench      benchmarks that print figures (launcher, collectives, ddp, zero)"
+	@echo "make bench      benchmarks that print figures (launcher, collectives, ddp, zero, fsdp, tp, pp, 3d)"
 	@echo "make doctor     is this machine ready for the course?"
 	@echo "make exercises  regenerate exercises/ from solutions/"
 	@echo "make test-gpu   GPU-only tests (on a CUDA machine)"

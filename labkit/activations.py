@@ -73,10 +73,11 @@ def _terms(impl, attention, dropout, h, q, kv, f, a, kv_len, vb, b):
     mask = 1 if dropout else 0
     if impl == "megatron":
         out = {"norm inputs": (2 * vb * h, "whole"), "qkv and mlp inputs": (2 * vb * h, "whole"),
-               "dropout masks": (2 * h, "whole"), "q, k, v": (3 * vb * h, "split"),
+               "dropout masks": (2 * h * mask, "whole"), "q, k, v": (3 * vb * h, "split"),
                "attention output": (vb * h, "split"),
                "gelu input and output": (2 * vb * 4 * h, "split")}
-        scores = {"softmax output": vb, "attention dropout mask": 1, "dropout output": vb}
+        scores = {"softmax output": vb, "attention dropout mask": mask,
+                  "dropout output": vb * mask}
     elif impl == "hf-gpt2":
         # Q, K, V are views of c_attn's output. Eager attention's matmuls keep contiguous
         # copies of all three (3 values), except with b = 1, where Q stays a view of the whole

@@ -248,6 +248,12 @@ def _llama(name, h, layers, heads, kv, ffn, vocab, seq, **extra):
                      extra=tuple(sorted(extra.items())))
 
 
+def _megatron(name, h, layers, heads, vocab=51200):
+    # Megatron-LM's GPT (Narayanan et al. 2021, Table 1: vocabulary 51,200, sequence 2,048):
+    # GPT-2's layer (LayerNorm, biases, 4h GELU MLP), learned positions, tied embeddings.
+    return _gpt2(name, h, layers, heads).with_(vocab_size=vocab, max_seq_len=2048)
+
+
 PRESETS: dict[str, ModelSpec] = {
     "gpt2": _gpt2("gpt2", 768, 12, 12),
     "gpt2-medium": _gpt2("gpt2-medium", 1024, 24, 16),
@@ -263,6 +269,15 @@ PRESETS: dict[str, ModelSpec] = {
     # Llama 3.1 405B (the only released 405B); RoPE scaling does not change the count.
     "llama3-405b": _llama("llama3-405b", 16384, 126, 128, 8, 53248, 128256, 131072,
                           rms_norm_eps=1e-5, rope_theta=500000.0),
+    # Llama 3.2 1B (Meta's config.json): tied embeddings, 16 layers.
+    "llama3.2-1b": _llama("llama3.2-1b", 2048, 16, 32, 8, 8192, 128256, 131072,
+                          rms_norm_eps=1e-5, rope_theta=500000.0).with_(tied_embeddings=True),
+    # GPT-3 175B (Brown et al. 2020, Table 2.1: 96 layers, d_model 12,288, 96 heads of 128,
+    # context 2,048; GPT-2's tokenizer, 50,257 tokens): 174.6B parameters.
+    "gpt3-175b": _megatron("gpt3-175b", 12288, 96, 96, vocab=50257),
+    # Narayanan et al. 2021, Table 1 rows (the paper's 310.1B and 1008.0B)
+    "megatron-310b": _megatron("megatron-310b", 16384, 96, 128),
+    "megatron-1t": _megatron("megatron-1t", 25600, 128, 160),
     # Tiny Llama-style model the labs train on CPU in about a second. Every size is divisible by
     # 1, 2 and 4 (heads 8, kv heads 4, ffn 256, vocab 1024, layers 4), so each parallel degree
     # up to 4 splits it cleanly; untied embeddings so the LM head is its own tensor.
@@ -276,6 +291,15 @@ PRESETS: dict[str, ModelSpec] = {
                             norm="layernorm", learned_positions=True, qkv_bias=True,
                             out_bias=True, mlp_bias=True),
 }
+
+
+# BLOOM-176B (BigScience 2022; bigscience/bloom config.json: 70 layers, hidden 14,336, 112
+# heads, vocabulary 250,880, trained at sequence 2,048): GPT-2's layer, but ALiBi (no position
+# table) and a LayerNorm after the embedding. Not a preset: transformers builds it as BloomModel,
+# which ModelSpec does not map; as a GPT-2 shape without positions it leaves out only that
+# embedding LayerNorm's 2 h = 28,672 parameters (of 176.2B).
+BLOOM_176B = _gpt2("bloom-176b", 14336, 70, 112).with_(vocab_size=250880, max_seq_len=2048,
+                                                       learned_positions=False)
 
 
 def get_model(model) -> ModelSpec:

@@ -2,6 +2,9 @@
 
     >>> r = simulate("1f1b", stages=4, microbatches=8, fwd=1.0, bwd=2.0)
     >>> r.makespan, r.bubble_fraction, r.peak_in_flight        # 33.0, 3/11, [4, 3, 2, 1]
+    >>> bubble_formula("1f1b", 4, 8)            # (3/11, 3/8): of the step, relative to ideal
+    >>> min_microbatches(8, 0.10)               # 63 micro-batches for 10 % of the step idle
+    >>> activation_in_flight("gpipe", 4, 8), p2p_messages(4, 8, v=2), idle_share(events)
 
 `fwd` and `bwd` are the times of one micro-batch through one whole stage (all its layers);
 with `chunks` = v model chunks per stage (interleaving) each chunk takes fwd/v and bwd/v.
@@ -75,7 +78,7 @@ class PipelineResult:
     @property
     def bubble_fraction(self) -> float:
         """Idle share of the step: idle time of all stages / (stages x makespan)."""
-        return 1 - sum(self.busy) / (self.stages * self.makespan)
+        return idle_share(self.events, self.stages)
 
     @property
     def bubble_ratio(self) -> float:
@@ -129,24 +132,14 @@ def simulate(schedule, stages, microbatches, fwd=1.0, bwd=2.0, chunks=1, wgrad=N
     T_F = T_B = T_W); other schedules take no wgrad (their bwd includes it).
     p2p: seconds to send activations or gradients between stages.
     """
-    validate.choice("schedule", schedule, SCHEDULES)
     # The simulation runs op by op (3 p m v of them): bounds keep a typo from running for hours.
-    p = validate.positive_int("stages", stages, MAX_STAGES)
-    m = validate.positive_int("microbatches", microbatches, MAX_MICROBATCHES)
-    v = validate.positive_int("chunks", chunks, MAX_STAGES)
+    p, m, v = check_shape(schedule, stages, microbatches, chunks)
     if p * m * v > MAX_OPS:
         raise ValueError(f"stages x microbatches x chunks = {p * m * v:,} is more than this "
                          f"simulator steps through ({MAX_OPS:,}); allowed: a product up to that")
     f = validate.positive("fwd", fwd)
     b = validate.positive("bwd", bwd)
     c = validate.non_negative("p2p", p2p)
-    if schedule != "interleaved-1f1b" and v != 1:
-        raise ValueError(f"chunks={v} needs schedule='interleaved-1f1b'; allowed for "
-                         f"{schedule!r}: 1")
-    if schedule == "interleaved-1f1b" and m % p:
-        raise ValueError(f"microbatches={m} must be a multiple of stages={p} for "
-                         "interleaved-1f1b (as in Megatron-LM); allowed: "
-                         + ", ".join(str(p * k) for k in range(1, 5)) + ", ...")
     if schedule == "zero-bubble":
         w = validate.positive("wgrad", b if wgrad is None else wgrad)
         return _simulate_zero_bubble(p, m, f, b, w, c)
@@ -276,3 +269,182 @@ def _greedy_zero_bubble(p, m, f, b, w, c) -> PipelineResult:
     events.sort(key=lambda e: (e.start, e.stage))
     return PipelineResult("zero-bubble", p, m, 1, events, max(free), m * (f + b + w),
                           [float(k) for k in peak])
+
+
+# ---- closed forms, and what they answer -----------------------------------------------------
+def check_shape(schedule, p, m, v, names=("stages", "microbatches", "chunks"),
+                 limits=(MAX_STAGES, MAX_MICROBATCHES)):
+    """(p, m, v) checked for `schedule` (m None: not given); messages use `names`."""
+    validate.choice("schedule", schedule, SCHEDULES)
+    p = validate.positive_int(names[0], p, limits[0])
+    m = None if m is None else validate.positive_int(names[1], m, limits[1])
+    v = validate.positive_int(names[2], v, limits[0])
+    if schedule != "interleaved-1f1b" and v != 1:
+        raise ValueError(f"{names[2]}={v} needs schedule='interleaved-1f1b'; allowed for "
+                         f"{schedule!r}: 1")
+    if schedule == "interleaved-1f1b" and m is not None and m % p:
+        raise ValueError(f"{names[1]}={m} must be a multiple of {names[0]}={p} for "
+                         "interleaved-1f1b (as in Megatron-LM); allowed: "
+                         + ", ".join(str(p * k) for k in range(1, 5)) + ", ...")
+    return p, m, v
+
+
+FORMULA_NAMES = ("p", "m", "v")
+FORMULA_LIMITS = (validate.MAX_LAYERS, validate.MAX_BATCH)
+
+
+def _units(schedule, p, m, v) -> tuple[int, int]:
+    """(bubble, work) of a stage in the same time unit: one micro-batch's (f + b) on a stage
+    (f = b = w for zero-bubble); interleaving makes the unit 1/v of it, zero-bubble 1/3."""
+    if schedule == "interleaved-1f1b":
+        return p - 1, v * m
+    if schedule == "zero-bubble":         # with m < p, stage 0's last W cannot hide: p - m more
+        return p - 1 + max(0, p - m), 3 * m
+    return p - 1, m
+
+
+def bubble_formula(schedule, p, m, v=1) -> tuple[float, float]:
+    """(idle share of the step, bubble relative to the ideal time) in closed form, with equal
+    times on every stage and free sends (p2p = 0), as `simulate` reproduces:
+    - "gpipe" (Huang et al. 2019) and "1f1b" (Narayanan et al. 2021, §2.2): the same bubble,
+      (p - 1)/(m + p - 1) of the step, (p - 1)/m relative to m (f + b). 1F1B bounds memory.
+    - "interleaved-1f1b" (Narayanan et al. 2021, §2.2.1): divided by v: (p - 1)/(v m)
+      relative, (p - 1)/(v m + p - 1) of the step (m a multiple of p).
+    - "zero-bubble" (ZB-H1, Qi et al. 2024, §3.1) at T_F = T_B = T_W and m >= p:
+      (p - 1)/(3 m) relative, (p - 1)/(3 m + p - 1) of the step, a third of 1F1B's at the same
+      f + b + w. With m < p the last weight gradients cannot fill the gaps: the step takes
+      2 (m + p - 1) + 1 units, (2 p - 1 - m)/(3 m) relative."""
+    p, m, v = check_shape(schedule, p, m, v, FORMULA_NAMES, FORMULA_LIMITS)
+    bubble, work = _units(schedule, p, m, v)
+    return bubble / (work + bubble), bubble / work
+
+
+def min_microbatches(p, target, schedule="1f1b", v=1, relative=False) -> int:
+    """The fewest micro-batches m whose bubble (`bubble_formula`) is at most `target`: the idle
+    share of the step, or with relative=True the bubble relative to the ideal time. For
+    interleaved 1F1B, m is a multiple of p. E.g. p=8 and 10 % of the step: m = 63."""
+    from fractions import Fraction
+
+    p, _, v = check_shape(schedule, p, None, v, FORMULA_NAMES, FORMULA_LIMITS)
+    # the target as written (0.12 is 3/25, not the binary float just below it), so a bubble of
+    # exactly the target meets it
+    t = Fraction(repr(float(validate.at_least("target", target, 1e-6, 1e6 if relative else 1.0))))
+    step = p if schedule == "interleaved-1f1b" else 1
+
+    def meets(m):
+        bubble, work = _units(schedule, p, m, v)
+        return Fraction(bubble, work if relative else work + bubble) <= t
+
+    # bubble b, work k m: b / (k m) <= t (relative) or b / (k m + b) <= t <=> k m >= b(1-t)/t;
+    # a lower bound for zero-bubble at m < p (its bubble is larger there), exact otherwise
+    k = _units(schedule, p, 1, v)[1]
+    need = (p - 1) / (k * t) if relative else (p - 1) * (1 - t) / (k * t)
+    m = -(-max(1, -(-need.numerator // need.denominator)) // step) * step
+    if m > validate.MAX_BATCH:
+        raise ValueError(f"target={target!r} needs {m:,} micro-batches for p={p} (more than "
+                         f"{validate.show(validate.MAX_BATCH)}); allowed: a larger target")
+    while not meets(m):                   # zero-bubble below m = p only: at most p steps
+        m += step
+    return m
+
+
+def activation_in_flight(schedule, p, m, v=1) -> list[float]:
+    """Micro-batches whose activations each stage holds at its peak (what `simulate` counts):
+    GPipe all m; 1F1B and zero-bubble (ZB-H1 keeps 1F1B's bound) min(p - i, m) on stage i;
+    interleaved 1F1B, in micro-batches of the whole stage (chunks / v), Megatron-LM's warm-up of
+    2 (p - i - 1) + (v - 1) p chunk forwards plus one, at most m v; at m = p all m v (labkit
+    follows pre-2024 Megatron-LM there, see the module docstring)."""
+    from labkit.memory import in_flight
+
+    p, m, v = check_shape(schedule, p, m, v, FORMULA_NAMES, FORMULA_LIMITS)
+    if schedule == "interleaved-1f1b":
+        total = m * v
+        return [(total if m == p else min(2 * (p - i - 1) + (v - 1) * p + 1, total)) / v
+                for i in range(p)]
+    base = "gpipe" if schedule == "gpipe" else "1f1b"
+    return [float(in_flight(i, p, m, base)) for i in range(p)]
+
+
+def activation_memory(model, schedule, p, m, v=1, **memory_kw) -> list[float]:
+    """Activation bytes each stage holds at its peak: `labkit.memory.estimate_memory`'s bytes
+    per micro-batch on stage i (its layers, the embedding on the first, the logits on the last)
+    times `activation_in_flight`. The bytes per micro-batch are the difference of two
+    estimates with GPipe (which holds all m) at m = 2 and m = 1: everything else cancels.
+    Interleaved: each chunk counted as 1/v of its stage's bytes. memory_kw: estimate_memory's
+    batch_size, seq_len, precision, tp, ... (not pp, microbatches, schedule)."""
+    from labkit.memory import estimate_memory
+
+    taken = {"pp", "microbatches", "schedule"} & set(memory_kw)
+    if taken:
+        raise ValueError(f"{sorted(taken)[0]}= is set by p, m and schedule; allowed in "
+                         "memory_kw: estimate_memory's other arguments (batch_size, seq_len, ...)")
+    held = activation_in_flight(schedule, p, m, v)
+    if v > 1 and not isinstance(model, (int, float)):
+        from labkit.models import get_model
+
+        n = get_model(model).num_layers
+        if p * v > n:
+            raise ValueError(f"p x v = {p * v} virtual stages is more than num_layers={n}; "
+                             f"allowed: p x v up to {n} (a chunk holds one layer at least)")
+    one, two = (estimate_memory(model, pp=p, microbatches=k, schedule="gpipe", **memory_kw)
+                for k in (1, 2))
+    return [(b - a) * k for a, b, k in zip(one.per_stage, two.per_stage, held)]
+
+
+@dataclass(frozen=True)
+class P2PMessages:
+    busiest_rank: int     # sends per step of the rank that sends most
+    total: int            # sends per step over all ranks: 2 m (p v - 1)
+    per_microbatch: int   # the busiest rank's sends per micro-batch
+
+
+def p2p_messages(p, m, v=1) -> P2PMessages:
+    """Point-to-point sends of one step: activations forward and their gradients backward, at
+    every boundary between virtual stages (`labkit.comm.step_communication("pp", chunks=v)`'s
+    count). Interleaving multiplies a middle rank's sends by v (each micro-batch crosses it v
+    times); the data-parallel all-reduce does not change."""
+    from labkit.comm import _pp_sends_per_rank
+
+    p, v = (validate.positive_int(k, x, validate.MAX_LAYERS) for k, x in (("p", p), ("v", v)))
+    m = validate.positive_int("m", m, validate.MAX_BATCH)
+    if p * v > validate.MAX_LAYERS:
+        raise ValueError(f"p x v = {p * v:,} virtual stages; allowed: up to "
+                         f"{validate.MAX_LAYERS:,} (one layer each at least)")
+    each = _pp_sends_per_rank(p, v) if p > 1 else 0
+    return P2PMessages(each * m, 2 * m * (p * v - 1), each)
+
+
+def as_events(events) -> list[Event]:
+    """`Event`s from a PipelineResult, Events, or dicts with stage, kind, microbatch, start,
+    end (and chunk, default 0): what a measured run reports (labkit.parallel.pipe)."""
+    if isinstance(events, PipelineResult):
+        return list(events.events)
+    out = []
+    for e in events:
+        if isinstance(e, Event):
+            out.append(e)
+            continue
+        try:
+            out.append(Event(int(e["stage"]), str(e["kind"]), int(e["microbatch"]),
+                             int(e.get("chunk", 0)), float(e["start"]), float(e["end"])))
+        except (TypeError, KeyError, ValueError, AttributeError):
+            raise ValueError(f"event {validate.describe(e)} is not an Event or a dict with "
+                             "stage, kind, microbatch, start, end (chunk optional)") from None
+    if not out:
+        raise ValueError("events=[] has no event; allowed: Events or dicts with stage, kind, "
+                         "microbatch, start, end")
+    return out
+
+
+def idle_share(events, stages=None) -> float:
+    """Idle share of a step from its events (`as_events`: a measured run's dicts too):
+    1 - busy time of all stages / (stages x (last end - first start)). stages: how many ran
+    (default: those with an event)."""
+    rows = as_events(events)
+    n = len({e.stage for e in rows}) if stages is None else validate.positive_int(
+        "stages", stages)
+    span = max(e.end for e in rows) - min(e.start for e in rows)
+    if span <= 0:
+        raise ValueError(f"events span {span} s; allowed: events whose last end is after "
+                         "their first start")
+    return 1 - sum(e.end - e.start for e in rows) / (n * span)

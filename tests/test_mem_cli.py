@@ -92,3 +92,30 @@ def test_sequence_parallel_needs_tensor_parallelism(capsys):
     assert main(["mem", "llama2-7b", "--sequence-parallel"]) == 2
     assert "--sequence-parallel needs --tp > 1" in capsys.readouterr().err
     assert main(["mem", "llama2-7b", "--sequence-parallel", "--tp", "2"]) == 0
+
+
+def test_implementation_and_attention_change_the_activations(capsys):
+    """--implementation/--attention reach estimate_memory: Megatron's eager GPT-2 layer keeps
+    the s x s scores that transformers' SDPA default does not, so its activations are larger."""
+    from labkit.memory import estimate_memory
+
+    base = ["mem", "gpt2", "--seq-len", "1024", "--batch-size", "8"]
+    acts = {}
+    for extra in ([], ["--implementation", "megatron", "--attention", "eager"]):
+        assert main(base + extra) == 0
+        row = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("activations"))
+        acts[bool(extra)] = float(row.split()[1])
+    want = estimate_memory("gpt2", batch_size=8, seq_len=1024, implementation="megatron",
+                           attention="eager").activations / 1e9
+    assert acts[True] == round(want, 2) and acts[True] > acts[False]
+
+
+def test_offload_lists_host_memory(capsys):
+    assert main(["mem", "llama2-7b", "--zero", "3", "--dp", "8", "--offload", "params"]) == 0
+    out = capsys.readouterr().out
+    assert "host (offload)" in out
+
+
+def test_bad_attention_is_a_message(capsys):
+    assert main(["mem", "gpt2", "--attention", "flash"]) == 2
+    assert "attention='flash' is not supported; allowed: 'eager', 'sdpa'" in capsys.readouterr().err

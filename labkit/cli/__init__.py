@@ -20,6 +20,7 @@ from labkit import __version__
 COMMANDS = {
     "doctor": ("doctor", "check that this machine is ready for the course (--json for scripts)"),
     "mem": ("mem", "per-GPU training memory of a model: labkit mem llama2-70b --zero 3 --dp 64"),
+    "plan": ("plan", "lay a model out on a cluster: labkit plan llama3-405b --gpus 16384"),
     "run": ("run", "run a lab under torchrun: labkit run hello -n 2"),
     "bench": ("bench", "benchmarks that print figures: labkit bench collectives"),
     "grade": ("grade", "grade an exercise notebook: labkit grade exercises/01_memory_math.ipynb"),

@@ -5,6 +5,8 @@ each computed with estimate_memory (recomputation first: it costs no GPUs).
     labkit mem llama2-70b --zero 3 --dp 64
     labkit mem llama2-7b --tp 2 --pp 2 --seq-len 4096 --recompute selective --gpu a100-80gb
     labkit mem 7.5e9 --precision fp16-mixed --optimizer adam --zero 1 --dp 64
+    labkit mem gpt2 --seq-len 1024 --batch-size 8 --implementation megatron --attention eager
+    labkit mem llama2-7b --zero 3 --dp 8 --offload params
 """
 from __future__ import annotations
 
@@ -34,6 +36,14 @@ def add_arguments(parser):
     parser.add_argument("--sequence-parallel", action="store_true",
                         help="Megatron sequence parallelism (with tp > 1)")
     parser.add_argument("--recompute", default="none", help="none | selective | full")
+    parser.add_argument("--implementation", default=None,
+                        help="whose activations: megatron | hf-gpt2 | hf-llama (default: from "
+                        "the model, transformers' own for GPT-2 and Llama)")
+    parser.add_argument("--attention", default=None,
+                        help="eager (s x s scores kept) | sdpa (fused; default for transformers)")
+    parser.add_argument("--offload", default="none",
+                        help="none | optimizer (ZeRO-Offload) | params (ZeRO-3 / FSDP2 CPU "
+                        "offload): the offloaded states are listed as host memory")
     parser.add_argument("--gpu", default="h100-sxm",
                         help="GPU to check the fit against (default h100-sxm)")
 
@@ -100,7 +110,9 @@ def run(args) -> int:
     kw = dict(batch_size=args.batch_size, seq_len=args.seq_len, precision=args.precision,
               optimizer=args.optimizer, zero_stage=args.zero, dp=args.dp, tp=args.tp, pp=args.pp,
               cp=args.cp, sequence_parallel=args.sequence_parallel, recompute=args.recompute,
-              microbatches=args.microbatches, schedule=args.schedule)
+              microbatches=args.microbatches, schedule=args.schedule,
+              implementation=args.implementation, attention=args.attention,
+              offload=args.offload)
     try:
         if args.sequence_parallel and args.tp == 1:
             raise ValueError("--sequence-parallel needs --tp > 1 (it splits across the tensor-"

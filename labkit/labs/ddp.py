@@ -361,6 +361,53 @@ def positive_int(text: str) -> int:
     return int(text)
 
 
+def model_flags(p: argparse.ArgumentParser, *, layers: int, hidden: int, heads: int,
+                vocab: int = 1024, seq: int, batch: int = 2) -> None:
+    """The size flags of a lab's transformers Llama (--layers --hidden --heads --kv-heads --vocab
+    --seq --batch), with these defaults; check_heads validates them after parsing."""
+    p.add_argument("--layers", type=positive_int, default=layers, help=f"blocks (default {layers})")
+    p.add_argument("--hidden", type=positive_int, default=hidden,
+                   help=f"hidden size (default {hidden})")
+    p.add_argument("--heads", type=positive_int, default=heads,
+                   help=f"attention heads (default {heads})")
+    p.add_argument("--kv-heads", type=positive_int, default=None,
+                   help="Llama key/value heads (default half the heads, or all when odd)")
+    p.add_argument("--vocab", type=positive_int, default=vocab,
+                   help=f"vocabulary (default {vocab})")
+    p.add_argument("--seq", type=positive_int, default=seq,
+                   help=f"tokens per sequence (default {seq})")
+    p.add_argument("--batch", type=positive_int, default=batch,
+                   help=f"sequences per rank (default {batch})")
+
+
+def run_and_report(run, show, args, check=None) -> None:
+    """A lab's main, inside a rank: set up, check(world_size) (refuse a world the part cannot
+    lay out), result = run(args, ctx), show(result) on rank 0, report it, shut down."""
+    ctx = dist.setup()
+    if check is not None:
+        check(ctx.world_size)
+    result = run(args, ctx)
+    if ctx.rank == 0:
+        show(result)
+    dist.report(**result)
+    dist.shutdown()
+
+
+def check_heads(p: argparse.ArgumentParser, args, kv: bool = True) -> None:
+    """Refuse --heads that do not divide --hidden and (kv) --kv-heads that do not divide --heads;
+    a missing --kv-heads becomes half the heads (all of them when odd), as debug-llama has."""
+    if args.hidden % args.heads:
+        p.error(f"argument --heads: {args.heads} does not divide --hidden {args.hidden}; allowed: "
+                f"a divisor of {args.hidden}")
+    if not kv:
+        return
+    if args.kv_heads is None:
+        args.kv_heads = args.heads // 2 if args.heads % 2 == 0 else args.heads
+    if args.heads % args.kv_heads:
+        p.error(f"argument --kv-heads: {args.kv_heads} does not divide --heads {args.heads}; "
+                f"allowed: a divisor of {args.heads}")
+
+
 def between(low: float, high: float, what: str):
     """An argparse type: a number from low to high (nan and inf refused)."""
     def parse(text: str) -> float:
@@ -419,8 +466,7 @@ def parse_args(argv=None):
     if args.part == "compare" and args.steps < WARMUP + 3:
         p.error(f"argument --steps: {args.steps} is too few for --part compare; allowed: "
                 f">= {WARMUP + 3} ({WARMUP} warm-up, 1 counted, 1 timeline, 1 or more timed)")
-    if args.hidden % args.heads:
-        p.error(f"argument --heads: {args.heads} does not divide --hidden {args.hidden}")
+    check_heads(p, args, kv=False)
     return args, p
 
 

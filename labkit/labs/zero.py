@@ -50,7 +50,8 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from labkit.labs._zero_stages import (EXTRA, IMPLS, TERMS, build, padding, predicted_comm,
                                       predicted_memory, wire_expected)
 from labkit.labs.collectives import bytes_written
-from labkit.labs.ddp import CausalLM, barrier, between, global_batch, median, positive_int, shard
+from labkit.labs.ddp import (CausalLM, barrier, between, check_heads, model_flags, run_and_report,
+                             global_batch, median, positive_int, shard)
 from labkit.runtime import dist, measure
 
 PARTS = ("compare",)
@@ -250,14 +251,7 @@ def parse_args(argv=None):
     p.add_argument("--impl", action="append", choices=IMPLS + EXTRA,
                    help="an implementation to run (repeatable; default: "
                         f"{', '.join(IMPLS)}; also {', '.join(EXTRA)})")
-    p.add_argument("--layers", type=positive_int, default=2, help="Llama layers (default 2)")
-    p.add_argument("--hidden", type=positive_int, default=128, help="hidden size (default 128)")
-    p.add_argument("--heads", type=positive_int, default=8, help="attention heads (default 8)")
-    p.add_argument("--kv-heads", type=positive_int, default=None,
-                   help="key/value heads (default half the heads, or all of them when odd)")
-    p.add_argument("--vocab", type=positive_int, default=1024, help="vocabulary (default 1024)")
-    p.add_argument("--seq", type=positive_int, default=64, help="tokens per sequence (default 64)")
-    p.add_argument("--batch", type=positive_int, default=2, help="sequences per rank (default 2)")
+    model_flags(p, layers=2, hidden=128, heads=8, seq=64)
     p.add_argument("--steps", type=positive_int, default=5,
                    help=f"steps in all (>= {WARMUP + 2}: {WARMUP} warm-up, 1 counted, the rest "
                         "timed; default 5)")
@@ -270,26 +264,14 @@ def parse_args(argv=None):
     if args.steps < WARMUP + 2:
         p.error(f"argument --steps: {args.steps} is too few; allowed: >= {WARMUP + 2} "
                 f"({WARMUP} warm-up, 1 counted, 1 or more timed)")
-    if args.hidden % args.heads:
-        p.error(f"argument --heads: {args.heads} does not divide --hidden {args.hidden}; allowed: "
-                f"a divisor of {args.hidden}")
-    if args.kv_heads is None:
-        args.kv_heads = args.heads // 2 if args.heads % 2 == 0 else args.heads
-    if args.heads % args.kv_heads:
-        p.error(f"argument --kv-heads: {args.kv_heads} does not divide --heads {args.heads}; "
-                f"allowed: a divisor of {args.heads}")
+    check_heads(p, args)
     return args, p
 
 
 @record
 def main(argv: list[str] | None = None) -> None:
     args, _ = parse_args(argv)
-    ctx = dist.setup()
-    result = run_compare(args, ctx)
-    if ctx.rank == 0:
-        print_compare(result)
-    dist.report(**result)
-    dist.shutdown()
+    run_and_report(run_compare, print_compare, args)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,11 @@ from dataclasses import dataclass, field
 def _local(t):
     """The local tensor of a DTensor (FSDP2/TP shard), else the tensor itself."""
     to_local = getattr(t, "to_local", None)
-    return to_local() if callable(to_local) else t
+    t = to_local() if callable(to_local) else t
+    # DTensor's redistributions may hand back an AsyncCollectiveTensor (a wrapper whose own
+    # storage is invalid): wait for it and take the real tensor
+    wait = getattr(t, "trigger_wait", None)
+    return wait() if callable(wait) else t
 
 
 def _storage_key(t) -> tuple:

@@ -1,0 +1,153 @@
+"""--part ppdp of labkit.labs.pp: pipeline x data parallelism on 4 ranks, pp 2 x dp 2.
+
+A DeviceMesh ("pp", "dp") of shape (2, 2): ranks 0, 1 hold stage 0 and ranks 2, 3 stage 1;
+(0, 2) and (1, 3) are the two pipelines (replicas), each fed its half of the global batch.
+Each replica runs torch.distributed.pipelining's Schedule1F1B over its pp group, with the stage
+module wrapped for the data axis three ways, --steps SGD steps each:
+- "ddp": DistributedDataParallel over the dp group. The schedule runs each micro-batch's
+  backward under no_sync and calls the reducer's prepare_for_backward before the last one;
+  the error it meets, if any, is caught and shown (every rank gives up the variant together,
+  so no rank waits for a message that will not come);
+- "ddp static_graph": the same with static_graph=True;
+- "fsdp2": fully_shard over the dp mesh axis; the schedule turns gradient sync off for the
+  micro-batches and reduces once after the last (perform_reduce_grad).
+For each: the loss per step (mean over replicas) against one process on the whole global batch
+(the same SGD steps), the replicas' parameter checksums after each step (sum over this stage's
+parameters of |x|, FSDP2's gathered whole: replicas agree when the difference is 0), and the
+gradient reductions of the last step counted (CollectiveCounter on the dp collectives): once
+per step, not once per micro-batch: the pipeline's micro-batches are the gradient accumulation.
+DDP's all-reduce is priced by step_communication("ddp", pp=2): one of the busiest stage's
+gradients (4 bytes each) per step.
+
+What it shows (torch 2.13, CPU/gloo): plain DDP works under torch's schedules, because the
+PipelineStage special-cases it (no_sync for every micro-batch's backward but the last, and
+the reducer's prepare_for_backward before that one); with static_graph=True the last stage's
+replicas never all-reduce (0 counted) and drift apart silently, with no error; FSDP2 works,
+one reduce-scatter per step.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as tdist
+
+from labkit.labs import _pp_common as common
+from labkit.runtime import measure
+
+VARIANTS = ("ddp", "ddp static_graph", "fsdp2")
+REDUCTIONS = ("all_reduce", "reduce_scatter", "all_gather")
+
+
+def wrap(variant: str, module, mesh):
+    if variant == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+        return fully_shard(module, mesh=mesh["dp"])
+    from torch.nn.parallel import DistributedDataParallel
+    return DistributedDataParallel(module, process_group=mesh["dp"].get_group(),
+                                   static_graph=variant.endswith("static_graph"))
+
+
+def checksum(module) -> float:
+    """Sum of |x| over the module's parameters, DTensors gathered whole (a collective over
+    the dp group for FSDP2: every dp rank calls it)."""
+    total = 0.0
+    for p in module.parameters():
+        t = p.full_tensor() if hasattr(p, "full_tensor") else p
+        total += t.detach().double().abs().sum().item()
+    return total
+
+
+def reference_losses(base, args, steps: int) -> list[float]:
+    """One process, the whole global batch, the same SGD steps."""
+    from labkit.parallel.pipe import causal_lm_loss
+
+    model = copy.deepcopy(base)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+    out = []
+    for step in range(steps):
+        ids = common.batch(args, replicas=2, step=step)
+        loss = causal_lm_loss(model(ids).logits, ids)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        out.append(loss.item())
+    return out
+
+
+def run_variant(variant, base, mesh, args, ctx) -> dict:
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    from labkit.parallel.pipe import causal_lm_loss, split_model
+
+    pp, dp = mesh["pp"].get_local_rank(), mesh["dp"].get_local_rank()
+    model = copy.deepcopy(base)
+    module = wrap(variant, split_model(model, 2)[pp], mesh)
+    stage = PipelineStage(module, pp, 2, ctx.device, group=mesh["pp"].get_group())
+    schedule = Schedule1F1B(stage, args.microbatches, loss_fn=causal_lm_loss)
+    opt = torch.optim.SGD(module.parameters(), lr=args.lr)
+    rows, error, counted = [], None, {}
+    for step in range(args.steps):
+        ids = common.batch(args, replicas=2, step=step).chunk(2)[dp]
+        losses: list = []
+        try:
+            with measure.CollectiveCounter() as counter:
+                schedule.step(*((ids,) if pp == 0 else ()), target=ids if pp == 1 else None,
+                              losses=losses)
+            failed = 0.0
+        except Exception as exc:                     # noqa: BLE001 - shown to the learner
+            error, failed = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}", 1.0
+        if common.all_max(failed):                  # one rank failed: every rank stops here
+            break
+        opt.step()
+        opt.zero_grad()
+        counted = {k: list(v) for k, v in counter.by_kind.items() if k in REDUCTIONS}
+        loss = torch.stack(losses).mean().item() if losses else None
+        rows.append(dict(loss=loss, checksum=checksum(module)))
+    errors = [e for e in common.gather(error) if e]
+    everything = common.gather(rows)              # [rank][step]
+    steps = min(len(r) for r in everything)
+    losses = [sum(everything[r][s]["loss"] for r in (2, 3)) / 2 for s in range(steps)]
+    drift = [max(abs(everything[a][s]["checksum"] - everything[b][s]["checksum"])
+                 for a, b in ((0, 1), (2, 3))) for s in range(steps)]
+    return dict(error=errors[0] if errors else None, failed_ranks=len(errors),
+                steps_done=steps, loss=losses, replica_checksum_diff=drift,
+                replicas_agree=bool(steps) and max(drift) < 1e-6,
+                reductions=common.gather(counted))
+
+
+def run_ppdp(args, ctx) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(ctx.device.type, (2, 2), mesh_dim_names=("pp", "dp"))
+    base, _ = common.build(args)
+    ref = reference_losses(base, args, args.steps)
+    rows = {}
+    for variant in VARIANTS:
+        row = run_variant(variant, base, mesh, args, ctx)
+        row["loss_diff"] = [abs(a - b) for a, b in zip(row["loss"], ref)]
+        rows[variant] = row
+        tdist.barrier()
+    from labkit.comm import step_communication
+
+    ddp = step_communication("ddp", model=common.spec_of(args), pp=2, dp=2,
+                             grad_bytes=4).payload["all_reduce"]
+    return dict(part="ppdp", rank=ctx.rank, world_size=ctx.world_size, pp=2, dp=2,
+                microbatches=args.microbatches, steps=args.steps, reference_loss=ref,
+                variants=rows, predicted_ddp_all_reduce=list(ddp),
+                reductions_if_every_microbatch=args.microbatches)
+
+
+def print_ppdp(r: dict) -> None:
+    print(f"pp 2 x dp 2, Schedule1F1B, m={r['microbatches']}, {r['steps']} SGD steps; one "
+          f"process: loss {', '.join(f'{x:.6f}' for x in r['reference_loss'])}")
+    for name, row in r["variants"].items():
+        diff = max(row["loss_diff"], default=float("nan"))
+        drift = max(row["replica_checksum_diff"], default=float("nan"))
+        red = [sum(c for k, (c, _) in counted.items() if k != "all_gather")
+               for counted in row["reductions"]]
+        print(f"  {name:<18} steps {row['steps_done']}/{r['steps']}  |loss diff| {diff:.1e}  "
+              f"replica checksum diff {drift:.1e}  gradient reductions in a step, per rank "
+              f"{red}")
+        if row["error"]:
+            print(f"    error: {row['error'][:150]}")

@@ -1,0 +1,462 @@
+"""A planner for real clusters: every layout of a model on N GPUs, the infeasible ones rejected
+with their reason, the rest ranked by estimated step time with a breakdown.
+
+    >>> p = plan("llama3-70b", gpus=64, gpu="h100-sxm", global_batch=512, seq_len=8192)
+    >>> p.best.layout, p.best.step_time, p.best.breakdown      # {"compute": s, "tp": s, ...}
+    >>> print(p.table(top=5)); p.rejection_counts(); p.why()  # why nothing fits, when so
+    >>> evaluate("llama3-405b", Layout(tp=8, pp=16, dp=128, micro_batch=1, sharding="fsdp"),
+    ...          gpu="h100-sxm", global_batch=2048, seq_len=8192).fits
+    >>> d = decision("llama2-70b", 64, global_batch=512, seq_len=4096)   # the lever to turn on
+    >>> d.first.lever, [r.lever for r in d.worth]; print(d.text())     # first, then what pays
+
+A layout (`Layout`): degrees tp x cp x dp x pp = the GPUs; the data-parallel sharding ("ddp"
+replicates the model states, "zero1" / "zero2" shard the optimizer states / also the gradients,
+"fsdp" is ZeRO-3 with one transformer layer per unit), over dp x cp ranks (the gradients are
+averaged over both, as Megatron-LM does); the micro-batch size b (m = global_batch / (dp b)
+micro-batches per step); recompute "none" / "selective" / "full"; sequence parallelism (tp > 1).
+
+Rejected, each with its reason, in this order: TP across nodes (tp larger than, or not dividing,
+gpus_per_node: its per-layer collectives need NVLink); degrees that do not divide what they
+split (tp: heads, KV heads, MLP width; pp: at most num_layers, stages may be uneven, as Llama 3
+405B's 126 layers on 16 stages; cp: seq_len, keeping at least `min_cp_tokens` tokens per rank;
+tp | seq_len / cp with sequence parallelism); a global batch not divisible by dp x b; memory over
+the GPU (`labkit.memory.estimate_memory`, worst stage, GB = 1e9 bytes).
+
+Step time, by part (`Estimate.breakdown`, seconds):
+- compute: the step's FLOPs with recompute's extra forward (`labkit.flops.flops_per_step`,
+  hardware=True) over gpus x dense peak x `mfu` (the share of peak the matmuls reach), times
+  pp ceil(L/pp) / L (the slowest stage sets the pace when the layers do not split evenly).
+- communication per axis (`labkit.comm.step_communication`, `StepComm.time`, faster of ring and
+  tree), on the link its group uses: ranks are numbered TP innermost, then CP, DP, PP
+  (Megatron-LM's order), and a group inside one node uses `intra_link`, else `inter_link`
+  (bandwidth per GPU). Overlap assumption: TP's collectives and PP's sends sit on the critical
+  path (all exposed); CP's K/V passes hide behind the attention FLOPs; the data-parallel
+  reduction hides behind backward compute: the last micro-batch's for ddp and ZeRO-1 (one
+  reduction per step), every micro-batch's for ZeRO-2, and FSDP's gathers behind all the compute
+  (prefetch). Exposed = max(0, communication - what hides it).
+- bubble: `labkit.pipeline.bubble_formula` (relative to the ideal), times compute + TP + CP.
+Throughput: tokens/s = global_batch x seq_len / step; TFLOP/s per GPU of model FLOPs (MFU's) and
+of hardware FLOPs (with recompute, HFU's: what Megatron-LM's Table 1 reports).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field, replace
+import math
+
+from labkit import validate
+from labkit.hardware import GB, get_gpu, get_link
+from labkit.memory import RECOMPUTE, tp_splits
+from labkit.models import get_model
+from labkit.planner_cost import SHARDING, Pricer
+from labkit.tp import COMPUTE_DTYPE
+
+SCHEDULES = ("1f1b", "gpipe")
+# default links by GPU: its NVLink generation inside a node, one NIC port per GPU across nodes
+INTRA = {"a100-40gb": "nvlink3", "a100-80gb": "nvlink3", "h100-sxm": "nvlink4",
+         "h200": "nvlink4", "b200": "nvlink5", "h100-pcie": "pcie5"}
+INTER = {"a100-40gb": "ib-hdr", "a100-80gb": "ib-hdr"}
+DEFAULT_TOKENS = 2**22          # default global batch: about 4M tokens per step
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    sharding: str = "ddp"
+    micro_batch: int = 1
+    recompute: str = "none"
+    sequence_parallel: bool = False
+    chunks: int = 1                 # model chunks per stage (interleaved 1F1B), evaluate only
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+    def __str__(self) -> str:
+        sp = "+sp" if self.sequence_parallel else ""
+        v = f" v={self.chunks}" if self.chunks > 1 else ""
+        return (f"tp={self.tp}{sp} pp={self.pp}{v} dp={self.dp} cp={self.cp} {self.sharding} "
+                f"b={self.micro_batch} recompute={self.recompute}")
+
+
+@dataclass
+class Estimate:
+    """One layout priced: memory per GPU (worst stage), step time and its parts, throughput."""
+
+    layout: Layout
+    microbatches: int
+    memory: float                   # bytes per GPU
+    capacity: float                 # the GPU's bytes
+    breakdown: dict                 # seconds: compute, tp, cp, pp, dp, bubble
+    links: dict                     # axis -> link name
+    tokens_per_step: int
+    model_flops: float              # per step, all GPUs
+    hardware_flops: float
+    peak: float                     # dense FLOP/s of one GPU
+
+    @property
+    def fits(self) -> bool:
+        return self.memory <= self.capacity
+
+    @property
+    def step_time(self) -> float:
+        return sum(self.breakdown.values())
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens_per_step / self.step_time
+
+    @property
+    def model_tflops_per_gpu(self) -> float:
+        return self.model_flops / self.step_time / self.layout.gpus / 1e12
+
+    @property
+    def hardware_tflops_per_gpu(self) -> float:
+        return self.hardware_flops / self.step_time / self.layout.gpus / 1e12
+
+    @property
+    def mfu(self) -> float:
+        return self.model_tflops_per_gpu * 1e12 / self.peak
+
+
+@dataclass(frozen=True)
+class Rejection:
+    layout: Layout
+    reason: str                     # "<kind>: <why>"
+
+    @property
+    def kind(self) -> str:
+        return self.reason.split(":", 1)[0]
+
+    def __iter__(self):             # candidate, reason = rejection
+        return iter((self.layout, self.reason))
+
+
+@dataclass
+class Plan:
+    ranked: list = field(default_factory=list)       # Estimates, fastest first
+    rejected: list = field(default_factory=list)     # Rejections
+    inputs: dict = field(default_factory=dict)
+
+    @property
+    def best(self) -> Estimate | None:
+        return self.ranked[0] if self.ranked else None
+
+    def rejection_counts(self) -> Counter:
+        return Counter(r.kind for r in self.rejected)
+
+    def leanest(self, k: int = 1) -> list:
+        """The k layouts rejected for memory that need the least of it, leanest first."""
+        over = [r for r in self.rejected if r.kind == "memory"]
+        return sorted(over, key=lambda r: _gb(r.reason))[:k]
+
+    def why(self) -> str:
+        """One paragraph: the best layout, or why nothing fits."""
+        i = self.inputs
+        if self.best is not None:
+            b = self.best
+            return (f"best of {len(self.ranked):,} feasible layouts ({len(self.rejected):,} "
+                    f"rejected): {b.layout}, {b.step_time:.3g} s per step, "
+                    f"{b.tokens_per_second:,.0f} tokens/s, MFU {100 * b.mfu:.1f} %")
+        counts = ", ".join(f"{n:,} rejected for {k}" for k, n in
+                           self.rejection_counts().most_common())
+        text = f"nothing fits: {i['model']} on {i['gpus']:,} x {i['gpu']} ({counts})."
+        over = self.leanest(1)
+        if over:
+            lean = over[0]
+            text += (f" The leanest layout, {lean.layout}, needs {_gb(lean.reason):,.1f} GB per "
+                     f"GPU of the {i['capacity'] / GB:,.0f} GB; model states alone are "
+                     f"{i['states_per_param']} B/param x {i['params'] / 1e9:,.1f}B parameters = "
+                     f"{i['states_per_param'] * i['params'] / GB:,.0f} GB, "
+                     f"{i['states_per_param'] * i['params'] / GB / i['gpus']:,.1f} GB per GPU "
+                     "even spread evenly over every GPU: more GPUs, or GPUs with more memory.")
+        return text
+
+    def table(self, top: int = 10) -> str:
+        """The `top` fastest layouts with their step-time breakdown."""
+        head = (f"{'#':>3} {'tp':>3} {'sp':>2} {'pp':>3} {'dp':>5} {'cp':>3} {'sharding':>8} "
+                f"{'b':>2} {'m':>4} {'recompute':>9} {'GB':>6} {'step s':>8} {'compute':>8} "
+                f"{'tp':>7} {'cp':>7} {'pp':>7} {'dp':>7} {'bubble':>7} {'tok/s':>10} "
+                f"{'TF/GPU':>6} {'MFU%':>5}")
+        lines = [head]
+        for k, e in enumerate(self.ranked[:top], 1):
+            lay, bd = e.layout, e.breakdown
+            lines.append(
+                f"{k:>3} {lay.tp:>3} {'y' if lay.sequence_parallel else '-':>2} {lay.pp:>3} "
+                f"{lay.dp:>5} {lay.cp:>3} {lay.sharding:>8} {lay.micro_batch:>2} "
+                f"{e.microbatches:>4} {lay.recompute:>9} {e.memory / GB:>6.1f} "
+                f"{e.step_time:>8.3f} " + " ".join(f"{bd[p]:>7.3f}" for p in
+                                                   ("compute", "tp", "cp", "pp", "dp", "bubble"))
+                + f" {e.tokens_per_second:>10,.0f} {e.model_tflops_per_gpu:>6.0f} "
+                f"{100 * e.mfu:>5.1f}")
+        return "\n".join(lines)
+
+
+def _gb(reason: str) -> float:
+    return float(reason.split("needs ", 1)[1].split(" GB", 1)[0].replace(",", ""))
+
+
+def _setup(model, gpus, gpu, gpus_per_node, global_batch, seq_len, precision, optimizer, mfu,
+           intra_link, inter_link, schedule, grad_accum, implementation, attention):
+    spec = get_model(model)
+    n = validate.positive_int("gpus", gpus, validate.MAX_RANKS)
+    gpn = validate.positive_int("gpus_per_node", gpus_per_node, validate.MAX_RANKS)
+    if n > gpn and n % gpn:
+        raise ValueError(f"gpus={n:,} is not a whole number of nodes of gpus_per_node={gpn}; "
+                         f"allowed: 1 to {gpn}, or a multiple of {gpn}")
+    the_gpu = get_gpu(gpu)
+    s = validate.positive_int("seq_len", min(spec.max_seq_len, 8192) if seq_len is None
+                              else seq_len, validate.MAX_SEQ_LEN)
+    if spec.learned_positions and s > spec.max_seq_len:
+        raise ValueError(f"seq_len={s:,} exceeds the {spec.max_seq_len:,} learned positions of "
+                         f"{spec.name}; allowed: 1 to {spec.max_seq_len:,}")
+    B = validate.positive_int("global_batch", max(1, DEFAULT_TOKENS // s)
+                              if global_batch is None else global_batch, validate.MAX_BATCH)
+    validate.choice("precision", precision, COMPUTE_DTYPE)
+    dtype = COMPUTE_DTYPE[precision]
+    if dtype not in the_gpu.peak_flops:
+        raise ValueError(f"precision={precision!r} runs its matmuls in {dtype}, for which gpu="
+                         f"{the_gpu.name!r} has no peak figure; allowed on it: " + ", ".join(
+                             repr(p) for p, d in COMPUTE_DTYPE.items() if d in the_gpu.peak_flops))
+    u = validate.positive("mfu", mfu, 1.0)
+    validate.choice("schedule", schedule, SCHEDULES)
+    key = gpu if isinstance(gpu, str) else ""
+    intra = get_link(INTRA.get(key.lower(), "pcie4") if intra_link is None else intra_link)
+    inter = get_link(INTER.get(key.lower(), "ib-ndr") if inter_link is None else inter_link)
+    pricer = Pricer(spec, n, B, s, gpu=the_gpu, dtype=dtype, mfu=u, intra=intra, inter=inter,
+                    gpus_per_node=gpn, precision=precision, optimizer=optimizer,
+                    grad_accum=grad_accum, schedule=schedule, implementation=implementation,
+                    attention=attention)
+    inputs = dict(model=spec.name, gpus=n, gpu=the_gpu.name, capacity=the_gpu.memory,
+                  gpus_per_node=gpn, global_batch=B, seq_len=s, precision=precision,
+                  optimizer=optimizer, mfu=u, intra_link=intra.name, inter_link=inter.name,
+                  schedule=schedule, params=spec.num_params(),
+                  states_per_param=sum(pricer.state_bytes))
+    return spec, pricer, inputs
+
+
+def degree_problem(spec, lay: Layout, gpus_per_node: int, seq_len: int,
+                   min_cp_tokens: int = 1) -> str | None:
+    """Why degrees tp, pp, cp (and sequence parallelism) cannot run `spec`, or None."""
+    t, s = lay.tp, seq_len
+    if t > gpus_per_node or gpus_per_node % t:
+        return (f"tp across nodes: tp={t} with {gpus_per_node} GPUs per node; TP's per-layer "
+                f"collectives need the intra-node link: tp must divide {gpus_per_node}")
+    for what, count in tp_splits(spec).items():
+        if count % t:
+            return f"divisibility: tp={t} does not divide {what}={count:,}"
+    if lay.pp * lay.chunks > spec.num_layers:
+        return (f"divisibility: pp={lay.pp}" + (f" x chunks={lay.chunks}" if lay.chunks > 1
+                                                 else "")
+                + f" is more stages than num_layers={spec.num_layers}")
+    if s % lay.cp:
+        return f"divisibility: cp={lay.cp} does not divide seq_len={s:,}"
+    if lay.cp > 1 and s // lay.cp < min_cp_tokens:
+        return (f"cp: cp={lay.cp} leaves {s // lay.cp:,} tokens per rank, fewer than "
+                f"min_cp_tokens={min_cp_tokens:,}")
+    if lay.sequence_parallel and (t == 1 or (s // lay.cp) % t):
+        return (f"divisibility: sequence parallelism needs tp > 1 dividing seq_len / cp = "
+                f"{s // lay.cp:,}; tp={t}")
+    return None
+
+
+def _price(pricer, lay: Layout, inputs) -> tuple[Estimate | None, str | None]:
+    B = inputs["global_batch"]
+    if B % (lay.dp * lay.micro_batch):
+        return None, (f"batch: global_batch={B:,} is not divisible by dp x micro-batch = "
+                      f"{lay.dp} x {lay.micro_batch}")
+    m = B // (lay.dp * lay.micro_batch)
+    if lay.chunks > 1 and m % lay.pp:
+        return None, (f"batch: interleaved 1F1B needs micro-batches m={m} a multiple of "
+                      f"pp={lay.pp}")
+    mem = pricer.memory(lay, m)
+    est = Estimate(lay, m, mem, inputs["capacity"], pricer.time(lay, m),
+                   {a: pricer.link(lay, a).name for a in ("tp", "cp", "dp", "pp")},
+                   B * inputs["seq_len"], pricer.flops("none", hardware=False),
+                   pricer.flops(lay.recompute), pricer.peak)
+    if not est.fits:              # priced anyway: `evaluate` shows what it would give
+        return est, (f"memory: needs {mem / GB:,.1f} GB per GPU, more than the "
+                     f"{inputs['capacity'] / GB:,.0f} GB of the {inputs['gpu']}")
+    return est, None
+
+
+def _check_layout(lay: Layout) -> Layout:
+    if not isinstance(lay, Layout):
+        raise ValueError(f"layout={validate.describe(lay)} must be a labkit.planner.Layout")
+    for name in ("tp", "pp", "dp", "cp", "micro_batch", "chunks"):
+        validate.positive_int(f"layout.{name}", getattr(lay, name), validate.MAX_RANKS)
+    validate.choice("layout.sharding", lay.sharding, SHARDING)
+    validate.choice("layout.recompute", lay.recompute, RECOMPUTE)
+    validate.choice("layout.sequence_parallel", lay.sequence_parallel, (False, True))
+    return lay
+
+
+def evaluate(model, layout: Layout, gpu="h100-sxm", gpus_per_node=8, global_batch=None,
+             seq_len=None, precision="bf16-mixed", optimizer="adamw", mfu=0.5, intra_link=None,
+             inter_link=None, schedule="1f1b", grad_accum="param", implementation=None,
+             attention=None) -> Estimate:
+    """Price ONE layout (e.g. a published run's) as `plan` prices each: an Estimate whose `.fits`
+    says whether it fits. A layout that cannot run at all (degrees that do not divide, a batch
+    that does not split) is a ValueError with the reason. layout.chunks > 1: interleaved 1F1B."""
+    lay = _check_layout(layout)
+    spec, pricer, inputs = _setup(model, lay.gpus, gpu, gpus_per_node, global_batch, seq_len,
+                                  precision, optimizer, mfu, intra_link, inter_link, schedule,
+                                  grad_accum, implementation, attention)
+    problem = degree_problem(spec, lay, inputs["gpus_per_node"], inputs["seq_len"])
+    est, why = (None, problem) if problem else _price(pricer, lay, inputs)
+    if est is None:
+        raise ValueError(f"layout {lay} cannot run {spec.name}: {why}")
+    return est
+
+
+def plan(model, gpus, gpu="h100-sxm", gpus_per_node=8, global_batch=None, seq_len=None,
+         precision="bf16-mixed", optimizer="adamw", mfu=0.5, intra_link=None, inter_link=None,
+         max_microbatch=8, schedule="1f1b", grad_accum="param", min_cp_tokens=1024,
+         implementation=None, attention=None) -> Plan:
+    """Every layout of `model` on `gpus` GPUs (see the module docstring), ranked.
+
+    gpu: a key of `labkit.hardware.GPUS`; gpus_per_node: GPUs one intra-node link joins;
+    global_batch: sequences per step (default about 4M tokens); seq_len: default the model's
+    context, at most 8,192; mfu: share of the dense peak the matmuls reach, in (0, 1];
+    intra_link / inter_link: keys of LINKS or Links (default: the GPU's NVLink, and one
+    InfiniBand port per GPU: HDR for A100s, else NDR); max_microbatch: micro-batch sizes tried
+    are the powers of two up to it; schedule: "1f1b" or "gpipe"; min_cp_tokens: fewest tokens a
+    context-parallel rank keeps."""
+    spec, pricer, inputs = _setup(model, gpus, gpu, gpus_per_node, global_batch, seq_len,
+                                  precision, optimizer, mfu, intra_link, inter_link, schedule,
+                                  grad_accum, implementation, attention)
+    top_b = validate.positive_int("max_microbatch", max_microbatch, validate.MAX_BATCH)
+    min_cp = validate.positive_int("min_cp_tokens", min_cp_tokens, validate.MAX_SEQ_LEN)
+    n, gpn, s = inputs["gpus"], inputs["gpus_per_node"], inputs["seq_len"]
+    sizes = [2**k for k in range(int(math.log2(top_b)) + 1)]
+    out = Plan(inputs=inputs)
+    for tp in validate.divisors(n):
+        for pp in validate.divisors(n // tp):
+            for cp in validate.divisors(n // (tp * pp)):
+                dp = n // (tp * pp * cp)
+                base = Layout(tp=tp, pp=pp, dp=dp, cp=cp)
+                problem = degree_problem(spec, base, gpn, s, min_cp)
+                if problem:
+                    out.rejected.append(Rejection(base, problem))
+                    continue
+                if inputs["global_batch"] % dp:
+                    out.rejected.append(Rejection(base, (
+                        f"batch: global_batch={inputs['global_batch']:,} is not divisible by "
+                        f"dp={dp:,}")))
+                    continue
+                _levers(pricer, base, sizes, inputs, out)
+    # at the same step time (4 significant digits), the fewest model-parallel ranks (less to
+    # set up and to go wrong), then the least memory
+    out.ranked.sort(key=lambda e: (float(f"{e.step_time:.4g}"),
+                                   e.layout.tp * e.layout.pp * e.layout.cp, e.memory))
+    return out
+
+
+def _levers(pricer, base, sizes, inputs, out) -> None:
+    """Price every sharding, sequence parallelism, recompute and micro-batch size of `base`."""
+    shardings = list(SHARDING) if base.dp * base.cp > 1 else ["ddp"]
+    sps = (False, True) if base.tp > 1 and (inputs["seq_len"] // base.cp) % base.tp == 0 \
+        else (False,)
+    for sharding in shardings:
+        for sp in sps:
+            for rc in RECOMPUTE:
+                for b in sizes:
+                    lay = replace(base, sharding=sharding, sequence_parallel=sp, recompute=rc,
+                                  micro_batch=b)
+                    est, why = _price(pricer, lay, inputs)
+                    if why:
+                        out.rejected.append(Rejection(lay, why))
+                    else:
+                        out.ranked.append(est)
+
+
+# ---- the decision framework: which lever to turn on first, and what each later one buys ------
+# Cumulative rungs, cheapest lever first: each allows its lever and every one before it. A
+# layout's rung is that of the last lever it uses (`rung_of`).
+LADDER = (
+    ("data parallel", "a full copy of the model per GPU, each on its share of the batch: only "
+     "the gradient all-reduce, hidden behind backward", lambda lay: True),
+    ("sharding (ZeRO / FSDP)", "the model states split over the data-parallel ranks: 16 B/param "
+     "/ dp, for gathers that hide behind compute", lambda lay: lay.sharding != "ddp"),
+    ("recompute", "activations dropped in forward and recomputed in backward: memory for up "
+     "to a third more compute", lambda lay: lay.recompute != "none"),
+    ("TP inside a node", "each layer's matmuls split over NVLink: weights and activations / "
+     "tp, for collectives on the critical path", lambda lay: lay.tp > 1),
+    ("PP across nodes", "the layers split into stages, point-to-point sends between nodes: "
+     "for a pipeline bubble", lambda lay: lay.pp > 1),
+    ("CP", "the sequence split over ranks, K/V passed around a ring: activations / cp for long "
+     "contexts", lambda lay: lay.cp > 1),
+)
+WORTH = 0.01         # a later lever is worth turning on when it saves at least 1 % of the step
+
+
+def rung_of(layout: Layout) -> int:
+    """The index in LADDER of the last lever `layout` uses (0: plain data parallelism)."""
+    return max(k for k, (_, _, uses) in enumerate(LADDER) if uses(layout))
+
+
+@dataclass
+class Rung:
+    lever: str
+    buys: str
+    best: Estimate | None           # fastest layout using this lever and those before it only
+    reason: str                     # why nothing fits on this rung ("" when one does)
+
+
+@dataclass
+class Decision:
+    plan: Plan
+    rungs: list
+
+    @property
+    def first(self) -> Rung | None:
+        """The lever to turn on first: the lowest rung on which a layout fits."""
+        return next((r for r in self.rungs if r.best is not None), None)
+
+    @property
+    def worth(self) -> list:
+        """The rungs after the first that save at least WORTH of the step time of the best
+        below them: the levers worth turning on next, in order."""
+        out, last = [], self.first
+        for r in self.rungs[self.rungs.index(last) + 1:] if last else []:
+            if r.best is not None and r.best.step_time < (1 - WORTH) * last.best.step_time:
+                out.append(r)
+                last = r
+        return out
+
+    def text(self) -> str:
+        """One line per rung: what fits with the levers up to it, and the step time it gives."""
+        lines, first = [], self.first
+        for k, r in enumerate(self.rungs):
+            mark = ("  <- turn on first" if r is first else "  <- worth it" if r in self.worth
+                    else "")
+            got = (f"{r.best.layout}: {r.best.step_time:.3g} s per step, "
+                   f"{r.best.memory / GB:.1f} GB per GPU" if r.best else r.reason)
+            lines.append(f"{k + 1}. {'+ ' if k else ''}{r.lever}: {got}{mark}")
+        return "\n".join(lines)
+
+
+def decision(model, gpus, **kwargs) -> Decision:
+    """The decision framework on `plan(model, gpus, **kwargs)` (see `decide`)."""
+    return decide(plan(model, gpus, **kwargs))
+
+
+def decide(p: Plan) -> Decision:
+    """For each rung of LADDER, the fastest layout of plan `p` that uses only its lever and
+    those before it, or why none fits; `Decision.first` is the lever to turn on first."""
+    rungs = []
+    for k, (lever, buys, _) in enumerate(LADDER):
+        best = next((e for e in p.ranked if rung_of(e.layout) <= k), None)
+        reason = ""
+        if best is None:
+            below = Plan(rejected=[r for r in p.rejected if rung_of(r.layout) <= k],
+                         inputs=p.inputs)
+            lean = below.leanest(1)
+            first = lean[0] if lean else below.rejected[0]
+            reason = (f"nothing {'fits' if lean else 'runs'} ({len(below.rejected):,} rejected)"
+                      f"; e.g. {first.layout}: {first.reason}")
+        rungs.append(Rung(lever, buys, best, reason))
+    return Decision(p, rungs)

@@ -1,0 +1,58 @@
+"""The planner's figure: the top layouts of a `labkit.planner.plan`, each one's step time stacked
+by part (compute, exposed communication per axis, pipeline bubble), beside its memory per GPU
+against the GPU's capacity.
+
+    >>> p = plan("llama3-70b", 64, gpu="h100-sxm", global_batch=512, seq_len=8192)
+    >>> fig = plan_figure(p.ranked[:8], capacity=p.inputs["capacity"])
+"""
+from __future__ import annotations
+
+from labkit.plots import GB, new_figure
+
+# the parts of Estimate.breakdown, in the order they are stacked, with their colours
+PARTS = {"compute": "#4c72b0", "tp": "#dd8452", "cp": "#8172b3", "pp": "#937860",
+         "dp": "#55a868", "bubble": "#c44e52"}
+LABELS = {"compute": "compute", "tp": "TP comm", "cp": "CP comm (exposed)", "pp": "PP sends",
+          "dp": "DP comm (exposed)", "bubble": "pipeline bubble"}
+
+
+def layout_label(layout) -> str:
+    """A short name for a layout on an axis: 'tp8+sp pp16 dp128 cp1 fsdp b1 full'."""
+    sp = "+sp" if layout.sequence_parallel else ""
+    return (f"tp{layout.tp}{sp} pp{layout.pp} dp{layout.dp} cp{layout.cp} {layout.sharding} "
+            f"b{layout.micro_batch} {layout.recompute}")
+
+
+def plan_figure(estimates, capacity: float, title: str = "", order: str = "fastest"):
+    """Left: seconds per step of each Estimate in `estimates` (the first at the top), stacked
+    by part. Right: GB per GPU (worst stage) of each, red where it is over the GPU's `capacity`
+    (bytes, dashed). `order`: how the list is sorted, said in the title ("fastest", "leanest")."""
+    fig = new_figure(10.0, 1.4 + 0.3 * max(len(estimates), 3))
+    grid = fig.add_gridspec(1, 2, width_ratios=(3, 2))
+    ax, mem = fig.add_subplot(grid[0]), fig.add_subplot(grid[1])
+    ys = list(range(len(estimates)))[::-1]          # the fastest on top
+    labels = [f"#{k} {layout_label(e.layout)}" for k, e in enumerate(estimates, 1)]
+    left = [0.0] * len(estimates)
+    for part, colour in PARTS.items():
+        widths = [e.breakdown[part] for e in estimates]
+        if any(w > 0 for w in widths):
+            ax.barh(ys, widths, left=left, color=colour, label=LABELS[part], height=0.7)
+            left = [a + w for a, w in zip(left, widths)]
+    ax.set_yticks(ys, labels, fontsize=7)
+    ax.set_xlabel("seconds per step")
+    ax.set_title(f"step time by part ({order} on top)", fontsize=9)
+    ax.set_xlim(left=0)
+    gb = [e.memory / GB for e in estimates]
+    mem.barh(ys, gb, height=0.7, color=["#4c72b0" if e.fits else "#c44e52" for e in estimates])
+    mem.axvline(capacity / GB, color="#c44e52", linestyle="--", linewidth=1.2,
+                label=f"GPU memory, {capacity / GB:,.0f} GB")
+    mem.set_yticks(ys, [f"#{k}" for k in range(1, len(estimates) + 1)], fontsize=7)
+    mem.set_xlim(0, 1.08 * max([capacity / GB] + gb))
+    mem.set_xlabel("GB per GPU (worst pipeline stage)")
+    mem.set_title("memory per GPU against the GPU's capacity", fontsize=9)
+    handles = [h for a in (ax, mem) for h in a.get_legend_handles_labels()[0]]
+    fig.legend(handles=handles, fontsize=7, frameon=False, loc="outside lower center",
+               ncols=len(handles))
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return fig

@@ -1,0 +1,166 @@
+"""The planner calculator: a model, a cluster (GPUs, GPU type, GPUs per node), a global batch, a
+sequence length and an assumed MFU -> the best layout, the K fastest with their step-time
+breakdown, memory per GPU and throughput, how many layouts were rejected for each reason (with
+an example each), and a figure of the K fastest (`labkit.planner.plan`). When nothing fits, the
+reason and the K leanest layouts, priced by `labkit.planner.evaluate`, all over the capacity.
+
+    >>> from labkit.widgets.planner import PlannerCalculator
+    >>> calc = PlannerCalculator(model="llama3-70b", gpus=64)
+    >>> calc.controls["gpus"].value = "128"              # a test's way of typing
+    >>> calc.plan.best.layout, calc.plan.rejection_counts()
+    >>> calc.shown                                       # the Estimates in the figure
+
+A thin view: no formula of its own; results in widget traits; bad input shown as a message.
+A plan takes up to about 0.7 s for 16,384 GPUs; the last plans are cached, so changing only
+`top` or going back to an earlier setting redraws without planning again.
+"""
+from __future__ import annotations
+
+import functools
+
+import ipywidgets as widgets
+
+from labkit import validate
+from labkit.hardware import GPUS
+from labkit.models import PRESETS
+from labkit.planner import decide, evaluate, plan
+from labkit.plots import GB, png_bytes
+from labkit.plots.planner import plan_figure
+from labkit.widgets import Calculator, error_html, float_field, int_field, pick, row, table_html
+
+# GPUs planned at each change: about 1.4 s for 65,536 and up to 4 s for counts with many
+# divisors (27,720) on a loaded laptop core; the planner itself takes up to validate.MAX_RANKS.
+MAX_GPUS = 131072
+MAX_TOP = 30                    # layouts listed and drawn
+RANGES = {"mfu": ("mfu (share of peak)", 1e-3, 1.0)}
+HEADER = ["#", "dp", "tp", "pp", "cp", "sharding", "b", "m", "recompute", "step s", "compute",
+          "tp comm", "cp comm", "pp sends", "dp comm", "bubble", "GB/GPU", "tokens/s", "MFU %"]
+
+
+@functools.lru_cache(maxsize=16)
+def cached_plan(model, gpus, gpu, gpus_per_node, global_batch, seq_len, mfu):
+    """`labkit.planner.plan` of these inputs, remembered (a Plan is not changed by its views)."""
+    return plan(model, gpus, gpu=gpu, gpus_per_node=gpus_per_node, global_batch=global_batch,
+                seq_len=seq_len, mfu=mfu)
+
+
+class PlannerCalculator(Calculator):
+    """Controls: model, gpus, gpu, gpus_per_node, global_batch (sequences per step), seq_len,
+    mfu, top (layouts listed and drawn). `plan` (the Plan), `shown` (the Estimates drawn: the
+    `top` fastest, or when nothing fits the `top` leanest, over the capacity) and `decision`
+    (`labkit.planner.decide` of the plan: the lever to turn on first) are the last results
+    (None while the input is invalid), `error` the message shown instead."""
+
+    ranges = RANGES
+
+    def __init__(self, **initial):
+        w = "110px"
+        c = {
+            "model": pick("model", [(k, k) for k in PRESETS], "llama3-70b", "380px"),
+            "gpus": int_field("GPUs", 64, description_width=w),
+            "gpu": pick("GPU", [(g.name, k) for k, g in GPUS.items()], "h100-sxm", "380px"),
+            "gpus_per_node": int_field("GPUs per node", 8, description_width=w),
+            "global_batch": int_field("global batch", 512, description_width=w),
+            "seq_len": int_field("seq length", 8192, description_width=w),
+            "mfu": float_field("MFU", 0.5),
+            "top": int_field("top K", 8, description_width=w),
+        }
+        self.controls: dict[str, widgets.Widget] = c
+        self._set_initial(initial)
+        self.result = widgets.HTML()
+        self.rejections = widgets.HTML()
+        self.ladder = widgets.HTML()
+        self.figure = widgets.Image(format="png", layout=widgets.Layout(width="1000px"))
+        self.plan = self.shown = self.decision = None
+        self.error: str | None = None
+        self.widget = widgets.VBox([
+            row([c["model"], c["gpus"], c["gpu"], c["gpus_per_node"]]),
+            row([c["global_batch"], c["seq_len"], c["mfu"], c["top"]]),
+            self.result, self.figure, self.ladder, self.rejections])
+        self._watch()
+        self.update()
+
+    def inputs(self) -> dict:
+        """The keyword arguments of `labkit.planner.plan`; ValueError naming the field when one
+        is not a whole number, or `gpus` is more than this calculator plans at each change."""
+        c = self.controls
+        typed = self.read_ints(["gpus", "gpus_per_node", "global_batch", "seq_len"])
+        if typed["gpus"] > MAX_GPUS:
+            raise ValueError(f"gpus={typed['gpus']:,} is more than this calculator plans at each "
+                             f"change; allowed: 1 to {MAX_GPUS:,} (labkit.planner.plan takes "
+                             "more)")
+        return dict(model=c["model"].value, gpu=c["gpu"].value, mfu=self._number("mfu"), **typed)
+
+    def top(self) -> int:
+        return validate.positive_int("top K", self.read_ints(["top"])["top"], MAX_TOP)
+
+    def update(self) -> None:
+        try:
+            kw, k = self.inputs(), self.top()
+            p = cached_plan(**kw)
+            rest = {n: v for n, v in kw.items() if n not in ("model", "gpus")}
+            shown = p.ranked[:k] or [evaluate(kw["model"], r.layout, **rest)
+                                     for r in p.leanest(k)]
+        except ValueError as exc:
+            self.plan = self.shown = self.decision = None
+            self.error = str(exc)
+            self.result.value = error_html(exc)
+            self.rejections.value = self.ladder.value = ""
+            self.show_figure(None)
+            return
+        self.plan, self.shown, self.decision, self.error = p, shown, decide(p), None
+        self.result.value = self._verdict() + (self._table() if p.ranked else "")
+        self.rejections.value = self._rejected()
+        self.ladder.value = self._ladder()
+        i, order = p.inputs, "fastest" if p.ranked else "leanest"
+        title = (f"{i['model']} on {i['gpus']:,} x {i['gpu']}, batch {i['global_batch']:,} x "
+                 f"{i['seq_len']:,} tokens, matmuls at {100 * i['mfu']:.3g} % of peak: the "
+                 f"{len(shown)} {order} of " + (f"{len(p.ranked):,} layouts" if p.ranked else
+                                                "the layouts, none of which fits"))
+        self.show_figure(png_bytes(plan_figure(shown, i["capacity"], title, order))
+                         if shown else None)     # nothing to draw: every layout was refused
+
+    def _verdict(self) -> str:
+        p = self.plan
+        i = p.inputs
+        where = (f"{i['gpus_per_node']} per node; TP on {i['intra_link']}, across nodes "
+                 f"{i['inter_link']}")
+        return (f'<div class="labkit-verdict"><b>{"Best" if p.ranked else "Nothing fits"}</b> '
+                f"({where}): {p.why()}</div>")
+
+    def _table(self) -> str:
+        rows = []
+        for k, e in enumerate(self.shown, 1):
+            lay, bd = e.layout, e.breakdown
+            rows.append([k, f"{lay.dp:,}", f"{lay.tp}{'+sp' if lay.sequence_parallel else ''}",
+                         lay.pp, lay.cp, lay.sharding, lay.micro_batch, f"{e.microbatches:,}",
+                         lay.recompute, f"{e.step_time:,.3f}"]
+                        + [f"{bd[part]:,.3f}" for part in ("compute", "tp", "cp", "pp", "dp",
+                                                           "bubble")]
+                        + [f"{e.memory / GB:,.1f}", f"{e.tokens_per_second:,.0f}",
+                           f"{100 * e.mfu:.1f}"])
+        return table_html(rows, header=HEADER)
+
+    def _ladder(self) -> str:
+        d = self.decision
+        rows = []
+        for k, r in enumerate(d.rungs, 1):
+            mark = "turn on first" if r is d.first else "worth it" if r in d.worth else ""
+            rows.append([k, ("+ " if k > 1 else "") + r.lever, mark,
+                         str(r.best.layout) if r.best else r.reason,
+                         f"{r.best.step_time:,.3f}" if r.best else "",
+                         f"{r.best.memory / GB:,.1f}" if r.best else "", r.buys])
+        return ("<b>What to turn on first</b> (each rung allows its lever and those above it)"
+                + table_html(rows, header=["", "lever", "", "fastest layout with these levers",
+                                           "step s", "GB/GPU", "what it buys"]))
+
+    def _rejected(self) -> str:
+        p = self.plan
+        rows = []
+        for kind, count in p.rejection_counts().most_common():
+            example = next(r for r in p.rejected if r.kind == kind)
+            rows.append([kind, f"{count:,}", str(example.layout),
+                         example.reason.split(": ", 1)[1]])
+        head = f"<b>Rejected: {len(p.rejected):,} layouts</b>"
+        return head + (table_html(rows, header=["reason", "layouts", "e.g.", "why"])
+                       if rows else "")

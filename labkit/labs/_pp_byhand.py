@@ -1,8 +1,8 @@
 """--part byhand of labkit.labs.pp: GPipe and 1F1B by hand (labkit.parallel.pipe's gpipe_step and
 one_f_one_b_step, send/recv between ranks) on a transformers Llama cut into one stage per rank.
 
-Per schedule, a warm-up step (no sleep), then --repeats measured steps; the one with the median
-idle share is reported (labkit.labs._pp_common.median_step):
+Per schedule, a warm-up step (no sleep), then --repeats measured steps; the shortest (the least
+disturbed by other processes) is reported (labkit.labs._pp_common.least_disturbed_step):
 - the loss (the last stage's, the batch mean) against one process on the whole batch, and the
   largest gradient difference of any parameter from that process's;
 - the measured timeline (every rank's F and B with their times on a clock the ranks agree on)
@@ -38,7 +38,7 @@ def run_byhand(args, ctx) -> dict:
             return pipe.gather_events(stats), (loss, stats)
 
         step(0.0)                                       # a warm-up step, without sleep
-        row, (loss, stats) = common.median_step(step, args.repeats, name, p, m)
+        row, (loss, stats) = common.least_disturbed_step(step, args.repeats, name, p, m)
         losses = [x for x in common.gather(None if loss is None else loss.item())
                   if x is not None]
         row.update(loss=losses[0], loss_diff=abs(losses[0] - ref_loss),

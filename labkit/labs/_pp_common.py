@@ -180,18 +180,23 @@ def costs(events: list, p: int, v: int = 1) -> dict:
                 p2p=max(0.0, latency - overhead), latency=latency)
 
 
-def median_step(step, repeats: int, schedule: str, p: int, m: int, v: int = 1):
-    """(row, payload) of the step whose measured idle share is the median of `repeats` steps:
-    step() runs one measured step on every rank and returns (every rank's events, payload);
-    row is `beside` for it, with every step's idle share in row["idle_repeats"]. One step on
-    loaded, shared cores can stall a rank for milliseconds; the median is what is typical."""
+def least_disturbed_step(step, repeats: int, schedule: str, p: int, m: int, v: int = 1):
+    """(row, payload) of the least disturbed of `repeats` steps: step() runs one measured step on
+    every rank and returns (every rank's events, payload); row is `beside` for the step that
+    took the least time (timeit's rule: on loaded, shared cores another process can stall a rank
+    for milliseconds, which only ever lengthens a step and adds idle time, so the shortest step
+    is the one closest to the schedule itself). Every step's measured and simulated idle share and
+    length are kept in row["repeats"] (row["idle_repeats"]: the measured ones)."""
     runs = []
     for _ in range(repeats):
         events, payload = step()
         runs.append((beside(schedule, events, p, m, v), payload))
-    order = sorted(range(repeats), key=lambda i: runs[i][0]["idle_measured"])
-    row, payload = runs[order[(repeats - 1) // 2]]
+    best = min(range(repeats), key=lambda i: runs[i][0]["step_measured"])
+    row, payload = runs[best]
     row["idle_repeats"] = [r["idle_measured"] for r, _ in runs]
+    row["repeats"] = [dict(idle_measured=r["idle_measured"], idle_simulated=r["idle_simulated"],
+                           step_measured=r["step_measured"]) for r, _ in runs]
+    row["chosen_repeat"] = best
     return row, payload
 
 

@@ -12,7 +12,7 @@ wrapped on the instance (the schedules call them through it) and timed on a cloc
 agree on (labkit.labs._pp_common.origin); after each forward the micro-batches the stage holds for
 its backward are counted (PipelineStage.fwd_cache, over this rank's stages, / v as the
 simulator counts). A CollectiveCounter counts the step's sends and their bytes. Per schedule:
-a warm-up step (no sleep; torch infers the shapes then), then --repeats measured ones.
+a warm-up step (no sleep; torch infers the shapes then), then --repeats measured ones, the shortest reported.
 
 Reported per schedule: the loss (mean of the micro-batches' losses, which the schedule returns
 on the last stage) and the largest gradient difference against one process; the timeline beside
@@ -113,7 +113,7 @@ def run_one(name, base, ids, ref, args, ctx) -> dict:
         return events, (losses, sends, clock.peak)
 
     step(0.0)                                              # warm-up: shapes inferred
-    row, (losses, sends, peak) = common.median_step(step, args.repeats, name, p, m, v)
+    row, (losses, sends, peak) = common.least_disturbed_step(step, args.repeats, name, p, m, v)
     loss = [x for x in common.gather(torch.stack(losses).mean().item() if losses else None)
             if x is not None][0]
     comm = step_communication("pp", model=common.spec_of(args), pp=p,

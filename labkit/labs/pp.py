@@ -77,8 +77,8 @@ def parse_args(argv=None):
     p.add_argument("--sleep", type=between(0, 5, "seconds"), default=0.03,
                    help="seconds each stage sleeps per forward, 2x per backward (default 0.03)")
     p.add_argument("--repeats", type=positive_int, default=5,
-                   help="measured steps per schedule; the median idle share's is reported "
-                        "(default 5)")
+                   help="measured steps per schedule; the shortest (least disturbed) is "
+                        "reported (default 5)")
     p.add_argument("--steps", type=positive_int, default=2,
                    help="--part ppdp: SGD steps per variant (default 2)")
     p.add_argument("--lr", type=between(1e-9, 10, "a learning rate"), default=0.5,

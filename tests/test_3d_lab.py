@@ -73,24 +73,23 @@ def per_rank_params(tp: int, dp: int, layers: int, vocab_matrices: int, tp_vocab
 
 
 def test_2d_loss_memory_and_collectives_per_axis(two_d):
-    held = per_rank_params(2, 2, L, 2, tp_vocab=False, final_norm=True)
-    formula = per_rank_params(2, 2, L, 2, tp_vocab=True, final_norm=True)
+    held = per_rank_params(2, 2, L, 2, tp_vocab=True, final_norm=True)
     for r in two_d:
         assert r["loss_max_diff"] < 1e-5
         st = r["states"]
         assert st["measured"] == {"params": 4 * held, "grads": 4 * held,
                                   "optimizer_states": 8 * held}
-        for c in ("params", "grads", "optimizer_states"):
-            assert st["ratio"][c] == pytest.approx(held / formula, rel=1e-12)
-            assert st["ratio_plan"][c] == 1.0
+        assert st["ratio"] == {"params": 1.0, "grads": 1.0, "optimizer_states": 1.0}
         c = r["collectives"]
-        assert c["tp"] == {"all_reduce": [4 * L, 4 * L * B * S * H * 4]}
+        # 4 per layer (Megatron), the embedding's forward and the head input's backward
+        # all-reduce, and the logits gathered whole for the loss
+        assert c["tp"] == {"all_reduce": [4 * L + 2, (4 * L + 2) * B * S * H * 4],
+                           "all_gather": [1, B * S * V * 4]}
         assert c["dp"]["all_gather"][0] == 2 * L + 1 and c["dp"]["reduce_scatter"][0] == L + 1
         assert set(c) == {"tp", "dp"}
-        assert r["ratio_calls"] == {"tp": {"all_reduce": 1.0},
-                                    "dp": {"all_gather": 1.0, "reduce_scatter": 1.0}}
-        assert r["ratio_bytes"]["tp"] == {"all_reduce": 1.0}
-        assert r["ratio_bytes_plan"] == {"dp": {"all_gather": 1.0, "reduce_scatter": 1.0}}
+        exact = {"tp": {"all_reduce": 1.0, "all_gather": 1.0},
+                 "dp": {"all_gather": 1.0, "reduce_scatter": 1.0}}
+        assert r["ratio_calls"] == exact and r["ratio_bytes"] == exact
 
 
 @pytest.mark.parametrize("which", ["ppdp", "three_d"])
@@ -102,14 +101,18 @@ def test_pipeline_parts_match_one_process_and_replicas_agree(which, request):
         assert r["loss_max_diff"] < 1e-5
         assert r["replica_checksum_diff"] == 0.0 and r["max_param_diff"] < 1e-4
         first = r["stage"] == 0
-        held = per_rank_params(tp, 2, L // 2, 1, tp_vocab=False, final_norm=not first)
+        held = per_rank_params(tp, 2, L // 2, 1, tp_vocab=True, final_norm=not first)
         assert r["states"]["measured"]["params"] == 4 * held
-        key = "ratio_plan" if tp > 1 else "ratio"
-        assert r["states"][key] == {"params": 1.0, "grads": 1.0, "optimizer_states": 1.0}
+        assert r["states"]["ratio"] == {"params": 1.0, "grads": 1.0, "optimizer_states": 1.0}
         pp = r["collectives"]["pp"]
         assert pp["send"][0] == M and pp["recv"][0] == M     # activations out, grads in
         assert pp["send"][1] == M * B * S * H * 4
         assert ("tp" in r["collectives"]) == (tp > 1)
+        if tp > 1:      # per micro-batch: 4 per layer of the stage, + the embedding (stage 0) or
+            want = {"all_reduce": [(4 * L // 2 + 1) * M, (4 * L // 2 + 1) * M * B * S * H * 4]}
+            if not first:           # the head's backward, and its logits gathered whole
+                want["all_gather"] = [M, M * B * S * V * 4]
+            assert r["collectives"]["tp"] == want
     stages = [r["checksums"] for r in results][0]
     assert len(set(stages)) == 2                     # one checksum per stage, all replicas equal
 
@@ -170,6 +173,6 @@ def test_bench_row_reads_the_lab_report():
 
     r = {"degrees": "pp2 x dp2 x cp1 x tp2 = 8 ranks", "step_s": 0.5, "loss_max_diff": 1e-7,
          "states": {"measured": {"params": 4, "grads": 4, "optimizer_states": 8},
-                    "ratio": {"params": 1.2}, "ratio_plan": {"params": 1.0}}}
+                    "ratio": {"params": 1.0}}}
     assert row(r) == dict(degrees="pp2 x dp2 x cp1 x tp2", step_s=0.5, loss_diff=1e-7,
                           state_bytes=16, ratio=1.0)

@@ -21,7 +21,7 @@ LAYOUTS = (("2d", 4), ("ppdp", 4), ("3d", 8))
 def row(r: dict) -> dict:
     """A layout's figures from rank 0's report."""
     st = r["states"]
-    ratio = st.get("ratio_plan", st["ratio"])["params"]
+    ratio = st["ratio"]["params"]
     return dict(degrees=r["degrees"].split(" = ")[0], step_s=r["step_s"],
                 loss_diff=r["loss_max_diff"], state_bytes=sum(st["measured"].values()),
                 ratio=ratio)

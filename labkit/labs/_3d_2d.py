@@ -7,17 +7,14 @@ the root). The two TP ranks of a replica see the same sequences; the two replica
 of the global batch. --steps AdamW steps; reported:
 - loss per step (mean over the replicas) beside one process training on the whole global batch;
 - model states per rank (labkit.runtime.measure.state_bytes, local DTensor shards) after the
-  first step, beside estimate_memory(tp=2, dp=2, zero_stage=3, precision="fp32"): that formula
-  splits the embedding and the head over tp (Megatron's vocab-parallel layers) but this plan
-  keeps them whole on every tp rank (FSDP still splits them over dp), so the ratio is above 1;
-  `predicted_plan` adds back what the plan leaves whole: (1 - 1/tp) of the two vocab matrices
-  over dp, and its ratio is exact;
+  first step, beside estimate_memory(tp=2, dp=2, zero_stage=3, precision="fp32"), which splits
+  the layers' matrices and the embedding and head over tp (Megatron's vocab-parallel layers)
+  and everything over dp: exact (ratio 1.000);
 - the first step's collectives per mesh axis (labkit.labs._3d_common.AxisCounter), beside
-  step_communication("tp") (Megatron's 4 all-reduces per layer, b s h x 4 bytes) and
-  step_communication("fsdp", dp=2, tp=2) (an all-gather per layer forward and backward and
-  for the root once, a reduce-scatter per unit): calls exact, bytes off by the whole vocab
-  matrices that FSDP moves on the dp axis (`ratio_bytes_plan` adds them to the root's
-  all-gather and reduce-scatter: exact).
+  step_communication("tp") (Megatron's 4 all-reduces per layer, b s h x 4 bytes) plus the
+  vocab-parallel embedding's and head's (_3d_common.vocab_collectives: 2 all-reduces of b s h
+  and the logits' all-gather), and step_communication("fsdp", dp=2, tp=2) (an all-gather per
+  layer forward and backward and for the root once, a reduce-scatter per unit): exact.
 """
 from __future__ import annotations
 
@@ -60,7 +57,6 @@ def run_2d(args, ctx) -> dict:
             est = estimate_memory(spec, batch_size=args.batch, seq_len=args.seq, tp=2, dp=2,
                                   zero_stage=3, precision="fp32", optimizer="adamw")
             states = common.states_beside(model, opt, est)
-            common.add_plan_correction(states, common.vocab_whole(spec, 2, 2, matrices=2))
         opt.zero_grad()
         times.append(time.perf_counter() - t)
         losses.append(common.mean_over(loss.item(), mesh["dp"]))
@@ -69,10 +65,8 @@ def run_2d(args, ctx) -> dict:
                                  activation_bytes=4).payload
     fsdp_comm = step_communication("fsdp", model=spec, dp=2, tp=2, param_bytes=4,
                                    grad_bytes=4).payload
-    predicted = {"tp": {k: list(v) for k, v in tp_comm.items()},
+    predicted = {"tp": common.merged(tp_comm, common.vocab_collectives(spec, b, args.seq)),
                  "dp": {k: list(v) for k, v in fsdp_comm.items()}}
-    whole = common.vocab_whole(spec, 2, 1, matrices=2)["params"]    # the root's, gathered
-    plan = {"dp": {k: [c, b + whole] for k, (c, b) in predicted["dp"].items()}}
     return dict(part="2d", rank=ctx.rank, world_size=ctx.world_size, degrees=str(deg),
                 coords=deg.coords(ctx.rank), num_params=spec.num_params(), layers=args.layers,
                 batch=b, seq=args.seq, losses=losses, reference_losses=ref_losses,
@@ -80,8 +74,7 @@ def run_2d(args, ctx) -> dict:
                 loss_max_diff=max(abs(a - c) for a, c in zip(losses, ref_losses)),
                 states=states, collectives=axes, predicted_collectives=predicted,
                 ratio_calls=common.ratios(axes, predicted, 0),
-                ratio_bytes=common.ratios(axes, predicted, 1), predicted_plan_collectives=plan,
-                ratio_bytes_plan=common.ratios(axes, plan, 1))
+                ratio_bytes=common.ratios(axes, predicted, 1))
 
 
 def print_2d(r: dict) -> None:

@@ -111,20 +111,31 @@ def states_beside(model, opt, predicted) -> dict:
                        for c in CATEGORIES})
 
 
-def vocab_whole(spec, tp: int, dp: int, matrices: int) -> dict:
-    """Bytes per rank (fp32 AdamW) of what a layers-only TP plan (labkit.parallel.mesh's) keeps
-    whole beside estimate_memory's vocab-parallel split: (1 - 1/tp) of `matrices` vocab x hidden
-    matrices (embedding, head), / dp (FSDP2 still shards them)."""
-    extra = matrices * spec.vocab_size * spec.hidden_size * (1 - 1 / tp) / dp
-    return {"params": 4 * extra, "grads": 4 * extra, "optimizer_states": 8 * extra}
+def vocab_collectives(spec, batch: int, seq: int, *, embed: bool = True, head: bool = True,
+                      microbatches: int = 1, nbytes: int = 4) -> dict:
+    """{kind: [calls, payload bytes]} on the tp axis of one step that labkit.parallel.mesh's
+    vocab_plan adds to the layers' (step_communication("tp") counts the layers only), per
+    micro-batch of `batch` x `seq` tokens: the vocab-parallel embedding's forward all-reduce
+    (b s h), the column-parallel head's backward all-reduce of its input's gradient (b s h) and
+    the forward all-gather of its logits (b s v: the loss takes them whole)."""
+    bsh = batch * seq * spec.hidden_size * nbytes
+    out = {}
+    reduces = int(embed) + int(head)
+    if reduces:
+        out["all_reduce"] = [reduces * microbatches, reduces * microbatches * bsh]
+    if head:
+        out["all_gather"] = [microbatches, microbatches * batch * seq * spec.vocab_size * nbytes]
+    return out
 
 
-def add_plan_correction(states: dict, extra: dict) -> None:
-    """states (from states_beside) gains predicted_plan (the prediction + `extra`) and
-    ratio_plan."""
-    plan = {c: states["predicted"][c] + extra[c] for c in CATEGORIES}
-    states.update(predicted_plan=plan, ratio_plan={
-        c: states["measured"][c] / plan[c] if plan[c] else float("nan") for c in CATEGORIES})
+def merged(*predictions: dict) -> dict:
+    """{kind: [calls, bytes]} summed over predictions of the same axis."""
+    out: dict = {}
+    for pred in predictions:
+        for kind, (calls, nbytes) in pred.items():
+            c, b = out.get(kind, [0, 0])
+            out[kind] = [c + calls, b + nbytes]
+    return out
 
 
 def full(p) -> torch.Tensor:
@@ -200,25 +211,18 @@ def print_states(states: dict, what: str) -> None:
     m, p, ratio = states["measured"], states["predicted"], states["ratio"]
     print(f"  model states on this rank vs {what}:")
     for c in CATEGORIES:
-        line = f"    {c:<17}{m[c]:>11,} B  predicted {p[c]:>13,.0f}  ratio {ratio[c]:.3f}"
-        if "ratio_plan" in states:
-            line += (f"  | with the plan's whole vocab matrices {states['predicted_plan'][c]:,.0f}"
-                     f"  ratio {states['ratio_plan'][c]:.3f}")
-        print(line)
+        print(f"    {c:<17}{m[c]:>11,} B  predicted {p[c]:>13,.0f}  ratio {ratio[c]:.3f}")
 
 
 def print_axes(r: dict) -> None:
     print("  collectives of one step per mesh axis (calls, payload bytes) vs labkit.comm:")
-    plan = r.get("ratio_bytes_plan", {})
     for axis, kinds in r["predicted_collectives"].items():
         got = r["collectives"].get(axis, {})
         for kind, (calls, nbytes) in kinds.items():
             c, b = got.get(kind, [0, 0])
             print(f"    {axis:<3} {kind:<15} {c:>3} calls {b:>11,} B   predicted {calls:>3} "
                   f"{nbytes:>13,.0f} B   ratio calls {r['ratio_calls'][axis].get(kind, 0):.3f}"
-                  f" bytes {r['ratio_bytes'][axis].get(kind, 0):.3f}"
-                  + (f" (with the whole vocab matrices {plan[axis][kind]:.3f})"
-                     if kind in plan.get(axis, {}) else ""))
+                  f" bytes {r['ratio_bytes'][axis].get(kind, 0):.3f}")
     other = {a: k for a, k in r["collectives"].items() if a not in r["predicted_collectives"]}
     if other:
         print(f"    also: {other}")

@@ -12,9 +12,9 @@ Reported:
   process training on the whole global batch;
 - model states of this rank (measure.state_bytes) after the first step, beside
   estimate_memory(pp=2, dp=2, tp=.., zero_stage=3, precision="fp32") scaled to this rank's stage
-  (labkit.memory.stage_params: states are proportional to the stage's parameters under ZeRO-3);
-  with tp the plan keeps the embedding (stage 0) and the head (stage 1) whole:
-  `ratio_plan` adds that back (labkit.labs._3d_common.vocab_whole);
+  (labkit.memory.stage_params: states are proportional to the stage's parameters under ZeRO-3;
+  with tp the embedding on stage 0 and the head on stage 1 are split over the vocabulary, as
+  the formula assumes);
 - every rank's stage gathered whole after the last step: its checksum (sum |x|) and largest
   difference from one process's parameters; the replicas (every rank of a stage) must agree;
 - the last step's collectives per mesh axis: send/recv on pp, FSDP2's on dp, TP's on tp.
@@ -81,8 +81,6 @@ def run_pp(args, ctx) -> dict:
         axes = counter.by_axis(mesh)                    # the last step's (shapes known)
         if step == 0:
             states = common.states_beside(module, opt, predicted_states(spec, args, deg, pp))
-            if deg.tp > 1:
-                common.add_plan_correction(states, common.vocab_whole(spec, deg.tp, deg.dp, 1))
         opt.zero_grad()
         times.append(time.perf_counter() - t)
         losses.append(torch.stack(out).mean().item() if out else None)

@@ -220,6 +220,56 @@ def llama_plan(sequence_parallel: bool = False) -> dict:
     return plan
 
 
+def vocab_modules(model) -> dict:
+    """{"embed": name, "head": name, "norm": name} of the modules a vocab-parallel plan shards
+    (an nn.Embedding named ...embed_tokens, an nn.Linear named ...lm_head) or keeps on sequence
+    shards (the final norm, ...norm, with sequence parallelism), those this model or pipeline
+    stage has. {} when the head's weight is the embedding's (tie_word_embeddings=True): one
+    matrix cannot be both the embedding's row-wise and the head's column-wise shard, so a tied
+    model keeps both whole."""
+    from torch import nn
+
+    found = {}
+    for name, mod in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf == "embed_tokens" and isinstance(mod, nn.Embedding):
+            found["embed"] = name
+        elif leaf == "lm_head" and isinstance(mod, nn.Linear):
+            found["head"] = name
+        elif leaf == "norm" and "layers" not in name.split("."):
+            found["norm"] = name
+    if "embed" in found and "head" in found:
+        if model.get_submodule(found["head"]).weight is model.get_submodule(found["embed"]).weight:
+            return {}
+    return found
+
+
+def vocab_plan(model, sequence_parallel: bool = False) -> dict:
+    """The parallelize_module plan for what is outside the decoder layers (torchtitan's, for a
+    transformers Llama or a pipeline stage cut from one): the embedding vocab-parallel
+    (RowwiseParallel: each rank holds vocab/tp rows, its lookups are summed: one forward
+    all-reduce of b s h, or a reduce-scatter onto sequence shards with sequence parallelism), the
+    head column-parallel over the vocabulary (ColwiseParallel: vocab/tp rows of the head; its
+    replicated input's gradient is all-reduced in the backward, and its logits are all-gathered
+    so the loss sees them whole; Megatron's parallel cross-entropy avoids that gather). With
+    sequence parallelism the final norm runs on sequence shards and the head's input is
+    all-gathered first (its gradient reduce-scattered)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   SequenceParallel)
+
+    found = vocab_modules(model)
+    entry = Shard(1) if sequence_parallel else Replicate()
+    plan = {}
+    if "embed" in found:
+        plan[found["embed"]] = RowwiseParallel(input_layouts=Replicate(), output_layouts=entry)
+    if "head" in found:
+        plan[found["head"]] = ColwiseParallel(input_layouts=entry, output_layouts=Replicate())
+        if sequence_parallel and "norm" in found:
+            plan[found["norm"]] = SequenceParallel()
+    return plan
+
+
 def _axis(mesh, name: str):
     names = getattr(mesh, "mesh_dim_names", None)
     if not names:
@@ -230,11 +280,14 @@ def _axis(mesh, name: str):
 
 
 def parallelize(model, mesh, *, tp_plan="llama", activation_checkpoint: bool = False,
-                fsdp: bool = True, mp: dict | None = None):
+                fsdp: bool = True, mp: dict | None = None, vocab_parallel: bool = True):
     """Compose the axes on `model` in place, in this order, and return it:
     1. TP on mesh["tp"] (when larger than 1): `tp_plan` ("llama", "llama-sp" = with sequence
-       parallelism, or your own per-layer plan dict) on every decoder layer. TP first: FSDP then
-       shards the DTensor shards (2D: each parameter is Shard on tp, then on dp).
+       parallelism, or your own per-layer plan dict) on every decoder layer, and with
+       vocab_parallel (default) the embedding and the head split over the vocabulary
+       (`vocab_plan`, as labkit.memory.estimate_memory assumes; a tied model keeps them whole).
+       TP first: FSDP then shards the DTensor shards (2D: each parameter is Shard on tp, then
+       on dp).
     2. activation checkpointing of each decoder layer (recomputed in the backward);
     3. FSDP2 (labkit.parallel.fsdp.shard_model: per layer, then the root) over mesh["dp"],
        or over dp and cp flattened when cp > 1 (CP ranks hold the same weights and average
@@ -244,6 +297,7 @@ def parallelize(model, mesh, *, tp_plan="llama", activation_checkpoint: bool = F
 
     validate.choice("activation_checkpoint", activation_checkpoint, (False, True))
     validate.choice("fsdp", fsdp, (False, True))
+    validate.choice("vocab_parallel", vocab_parallel, (False, True))
     if not isinstance(tp_plan, dict):
         validate.choice("tp_plan", tp_plan, TP_PLANS + ("a dict of per-layer styles",))
     mp = {} if mp is None else mp
@@ -260,6 +314,9 @@ def parallelize(model, mesh, *, tp_plan="llama", activation_checkpoint: bool = F
         plan = tp_plan if isinstance(tp_plan, dict) else llama_plan(tp_plan == "llama-sp")
         for block in blocks:
             parallelize_module(block, tp_mesh, plan)
+        root = vocab_plan(model, tp_plan == "llama-sp") if vocab_parallel else {}
+        if root:
+            parallelize_module(model, tp_mesh, root)
     if fsdp:
         dp_mesh = _axis(mesh, "dp")
         cp_mesh = _axis(mesh, "cp")

@@ -23,6 +23,7 @@ COMMANDS = {
     "plan": ("plan", "lay a model out on a cluster: labkit plan llama3-405b --gpus 16384"),
     "run": ("run", "run a lab under torchrun: labkit run hello -n 2"),
     "bench": ("bench", "benchmarks that print figures: labkit bench collectives"),
+    "quiz": ("quiz", "interview questions in the terminal: labkit quiz --topic pp --count 10"),
     "grade": ("grade", "grade an exercise notebook: labkit grade exercises/01_memory_math.ipynb"),
     "course": ("course", "start JupyterLab on the course"),
 }

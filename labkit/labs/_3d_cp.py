@@ -10,8 +10,11 @@ Reported:
   bytes forward; the backward here sends each block's gradient back once (cp - 1), where the
   formula's Megatron-style count re-sends K/V too (2 (cp - 1)): ratio 0.5 on the backward;
 - bytes autograd saves per rank for the backward (measure.SavedActivations) beside what one
-  process saves for the same attention written out (scores s x s): the ring never holds more
-  than an (s/cp) x (s/cp) score block per step.
+  process saves for the same attention written out (scores s x s). Each step computes only an
+  (s/cp) x (s/cp) score block, but autograd keeps every received K/V block (and each block's
+  softmax statistics) for the backward, so at small sizes a rank saves about as much as one
+  process (1.10x at cp 2, s 32): this ring trades that memory for sending each gradient block
+  back once; Megatron-style rings re-send K/V in the backward instead of keeping them.
 """
 from __future__ import annotations
 

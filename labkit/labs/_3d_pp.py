@@ -4,7 +4,8 @@ labkit.labs.threed: pipeline x data (x tensor) parallelism on a transformers Lla
 labkit.parallel.mesh: Degrees(pp=2, dp=2[, tp=2]).build_mesh(); the model is cut into 2 stages
 (labkit.parallel.pipe.split_model), each rank keeps its stage (mesh["pp"].get_local_rank())
 and `parallelize`s it with the same mesh: TP on mesh["tp"] inside the stage (3d), FSDP2 over
-mesh["dp"] (PP x DDP fails or silently diverges, see module 07: FSDP2 is the data axis here).
+mesh["dp"] (plain DDP works under torch's schedules, module 07 measured it, but
+static_graph=True lets the replicas drift silently; FSDP2 is the data axis here, as in torchtitan).
 torch.distributed.pipelining's Schedule1F1B runs --microbatches micro-batches over the pp
 group; each replica (dp index) takes its half of the global batch. --steps AdamW steps.
 Reported:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import functools
 import math
 
-from labkit import (comm, flops, hardware, memory, models, pipeline, planner, resilience,
-                    scaling)
+from labkit import (comm, design, flops, hardware, memory, models, pipeline, planner,
+                    resilience, scaling)
 
 # ----------------------------------------------------------------------- 01 memory math
 
@@ -363,3 +363,191 @@ def dp_for(gpus, tp, pp, cp=1) -> int:
     if gpus % inner:
         raise ValueError(f"gpus={gpus} is not a multiple of tp x pp x cp = {inner}")
     return gpus // inner
+
+
+# ----------------------------------------------------------------------- 09 interview prep
+
+def states_gb(num_params, zero_stage, dp) -> float:
+    """GB (1e9 bytes) of model states per GPU: bf16-mixed AdamW, ZeRO-`zero_stage` over dp."""
+    return memory.estimate_memory(num_params, zero_stage=zero_stage, dp=dp).total / 1e9
+
+
+def bubble_share(stages, microbatches) -> float:
+    """The idle share of a 1F1B (or GPipe) step: (p - 1)/(m + p - 1)."""
+    return pipeline.bubble_formula("1f1b", stages, microbatches)[0]
+
+
+def all_reduce_seconds(nbytes, world_size, link) -> float:
+    """A ring all-reduce of `nbytes` on `world_size` GPUs over LINKS[link], per direction,
+    latency included."""
+    the_link = hardware.get_link(link)
+    return comm.collective_time("all_reduce", nbytes, world_size, the_link.bandwidth,
+                                the_link.latency)
+
+
+def reported_mfu(model, tokens_per_second, gpus, gpu, seq_len) -> float:
+    return flops.mfu(model, tokens_per_second, gpu, num_gpus=gpus, seq_len=seq_len)
+
+
+def trainable_tokens(model, gpus, gpu, days, mfu, seq_len) -> float:
+    return design.trainable_tokens(model, gpus, gpu, days, mfu, seq_len)
+
+
+def gpus_for_tokens(model, tokens, gpu, days, mfu, seq_len) -> int:
+    return design.gpus_for_tokens(model, tokens, gpu, days, mfu, seq_len)
+
+
+def checkpoint_minutes(model, gpus, daily_failure_rate, ckpt_bandwidth) -> float:
+    """Young's interval, in minutes, for a 12 B/param checkpoint written at ckpt_bandwidth."""
+    write = resilience.write_seconds(resilience.checkpoint_bytes(model), ckpt_bandwidth)
+    return resilience.young_daly_interval(resilience.job_mtbf(gpus, daily_failure_rate),
+                                          write) / 60
+
+
+def _no_attention(model, seq_len):
+    """FLOPs per token without the attention term: 6N only (the usual shortcut)."""
+    return flops.flops_per_token(model, seq_len) - 3 * flops.attention_flops_per_token(model,
+                                                                                        seq_len)
+
+
+# The usual wrong answers of each check, (what went wrong, the value it gives): a learner whose
+# value matches one is told which (`check_with_mistakes`).
+MISTAKES = {
+    "states_gb": (
+        ("GiB instead of GB: the answer is in GB = 1e9 bytes, not GiB = 2**30",
+         lambda n, z, d: states_gb(n, z, d) * 1e9 / 2**30),
+        ("all 16 B/param divided by dp at every stage: ZeRO-1 shards only the 12 B of "
+         "optimizer states, ZeRO-2 also the 2 B of gradients, ZeRO-3 also the 2 B of weights",
+         lambda n, z, d: 16 * n / d / 1e9),
+        ("12 B/param: the 2 B of bf16 weights and 2 B of gradients are missing",
+         lambda n, z, d: memory.estimate_memory(n, optimizer="adamw", zero_stage=z,
+                                                dp=d).optimizer_states / 1e9)),
+    "bubble": (
+        ("(p-1)/m: that is the bubble relative to the ideal time m(f+b), not the idle share "
+         "of the step, (p-1)/(m+p-1)", lambda p, m: (p - 1) / m),
+        ("(p-1)/(m+p): the step lasts m + p - 1 slots, not m + p", lambda p, m: (p - 1) / (m + p)),
+        ("(p-1)/p: the bubble shrinks with more micro-batches; m is missing",
+         lambda p, m: (p - 1) / p)),
+    "all_reduce_seconds": (
+        ("the bidirectional figure: LINKS[link].bidirectional adds both directions; a ring "
+         "sends one way at LINKS[link].bandwidth",
+         lambda S, n, link: comm.collective_time("all_reduce", S, n, hardware.get_link(
+             link).bidirectional, hardware.get_link(link).latency)),
+        ("S / B: a ring all-reduce sends 2(n-1)/n x S per rank (reduce-scatter + all-gather)",
+         lambda S, n, link: S / hardware.get_link(link).bandwidth
+         + 2 * (n - 1) * hardware.get_link(link).latency),
+        ("(n-1)/n x S / B: that is one all-gather or reduce-scatter; an all-reduce is both",
+         lambda S, n, link: comm.collective_time("all_gather", S, n, hardware.get_link(
+             link).bandwidth, hardware.get_link(link).latency)),
+        ("no latency: each of the 2(n-1) steps costs alpha = LINKS[link].latency too",
+         lambda S, n, link: comm.collective_time("all_reduce", S, n,
+                                                 hardware.get_link(link).bandwidth))),
+    "reported_mfu": (
+        ("the peak with sparsity: the datasheet's starred figure is twice the dense peak "
+         "training runs at", lambda *a: reported_mfu(*a) / 2),
+        ("6N only: the attention term, 12 L (a d_head) s FLOPs per token, is missing",
+         lambda model, tps, g, gpu, s: _no_attention(model, s) * tps
+         / (g * hardware.get_gpu(gpu).flops("bf16")))),
+    "trainable_tokens": (
+        ("6N only: the attention term, 12 L (a d_head) s FLOPs per token, is missing",
+         lambda model, g, gpu, days, u, s: days * 86_400 * g * hardware.get_gpu(gpu).flops(
+             "bf16") * u / _no_attention(model, s)),
+        ("the peak with sparsity: twice the dense peak", lambda *a: 2 * trainable_tokens(*a)),
+        ("hours for days: a day is 86,400 s", lambda *a: trainable_tokens(*a) / 24)),
+    "checkpoint_minutes": (
+        ("seconds, not minutes", lambda *a: 60 * checkpoint_minutes(*a)),
+        ("sqrt(delta M) without the 2 of Young's sqrt(2 delta M)",
+         lambda *a: checkpoint_minutes(*a) / math.sqrt(2)),
+        ("one GPU's MTBF, not the job's: G GPUs fail G times as often",
+         lambda model, g, r, bw: checkpoint_minutes(model, 1, r, bw)),
+        ("16 B/param: a checkpoint holds the fp32 weights and AdamW's two moments, 12 B/param "
+         "(no bf16 copy, no gradients)",
+         lambda model, g, r, bw: checkpoint_minutes(model, g, r, bw * 12 / 16))),
+}
+
+
+def _args(case):
+    if isinstance(case, tuple) and len(case) == 2 and isinstance(case[1], dict):
+        return case
+    return (case if isinstance(case, tuple) else (case,)), {}
+
+
+def known_mistake(fn, cases, reference, mistakes, rtol=1e-6) -> str | None:
+    """The first of `mistakes` ((label, function) pairs) whose value equals the learner's
+    (`fn`) on a case where the learner's differs from `reference`'s (relative tolerance
+    `rtol`, the check's); None if none does."""
+    tol = max(rtol, 1e-6)
+    for case in cases:
+        args, kwargs = _args(case)
+        try:
+            got = float(fn(*args, **kwargs))
+        except Exception:  # noqa: BLE001 - the check has said what the learner's code raised
+            return None
+        want = reference(*args, **kwargs)
+        if math.isclose(got, want, rel_tol=tol):
+            continue
+        for label, wrong in mistakes:
+            value = wrong(*args, **kwargs)
+            if math.isclose(got, value, rel_tol=tol) and not math.isclose(value, want,
+                                                                           rel_tol=tol):
+                return label
+        return None
+    return None
+
+
+def check_with_mistakes(name, fn, cases, reference, *, rtol=1e-9, unit=None, hint=None):
+    """`grading.check_callable`; when it fails and the learner's value is one of MISTAKES[name],
+    the message names that mistake."""
+    from labkit.course import grading
+
+    cases = list(cases)
+    try:
+        grading.check_callable(name, fn, cases, reference, rtol=rtol, unit=unit, hint=hint)
+    except grading.GradingError as err:
+        label = known_mistake(fn, cases, reference, MISTAKES.get(name, ()), rtol)
+        if label is None:
+            raise
+        raise grading.GradingError(f"{err}\n  that is a known mistake: {label}", name=name,
+                                   expected=err.expected, received=err.received,
+                                   hint=hint) from err.__cause__
+
+
+# Diagnosis: the learner's function reads a case's evidence; the cases are built in the check
+# (real labs, a fresh measurement), at seeds whose faults differ (tests/test_interview_exercise.py
+# checks that the straggler's slow rank is 0 at one seed and 1 at the other).
+DIAGNOSIS_SEEDS = (1, 3)
+
+
+@functools.lru_cache(maxsize=None)
+def diagnosis_case(name: str, seed: int):
+    """labkit.labs.diagnose.build(name, seed), built once per grading kernel."""
+    from labkit.labs import diagnose
+
+    return diagnose.build(name, seed)
+
+
+def check_diagnosis(name, fn, cases, truth, seeds=DIAGNOSIS_SEEDS[:1]):
+    """fn(case.evidence) == the truth for each case name in `cases` at each of `seeds`: truth
+    "name" (the case's name) or a key of case.numbers (e.g. "slow_rank"). A stub fails before any
+    lab runs."""
+    from labkit.course import grading
+
+    try:
+        fn({})
+    except NotImplementedError as exc:
+        raise grading.GradingError(f"{name}: {grading.NOT_ATTEMPTED}: {name}(evidence) still "
+                                   f"raises NotImplementedError({exc})", name=name) from exc
+    except Exception:  # noqa: BLE001 - an empty evidence dict is not a real case
+        pass
+    for seed in seeds:
+        for case_name in ([cases] if isinstance(cases, str) else cases):
+            case = diagnosis_case(case_name, seed)
+            want = case.name if truth == "name" else case.numbers[truth]
+            try:
+                got = fn(case.evidence)
+            except Exception as exc:  # noqa: BLE001 - the learner's code may raise anything
+                raise grading.GradingError(
+                    f"{name}: on the evidence of case {case_name!r} (seed {seed}) "
+                    f"{name}(evidence) raised {type(exc).__name__}: {exc}", name=name) from exc
+            grading.check_equal(f"{name} on {case_name!r} (seed {seed})", got, want,
+                                hint=case.why[case.answer])

@@ -1,0 +1,211 @@
+"""Module 09's "diagnose this run" cases (labkit.labs.diagnose, labkit.plots.diagnose).
+
+Pure tests first (plans, answers, figures: nothing launched). Then every case is built once on
+gloo ranks (a module cache shared by the assertions about it) and its evidence is checked for
+what the question relies on, with expected values computed here: GPT-2's parameter count, the
+Korthikanti et al. layer formula, the bubble (p-1)/(m+p-1), each rank's share of an uneven data
+split. Timing assertions only where a sleep guarantees them (the machine is shared), and one
+where the case's premise needs it (18 tiny all-reduces are slower than one).
+"""
+from __future__ import annotations
+
+import re
+import uuid
+
+import pytest
+
+from labkit.labs.diagnose import CASES, Case, build, plan
+from proctools import MARK, wait_until_gone
+
+MARKER = f"diagnose-{uuid.uuid4().hex[:8]}"
+_built: dict = {}
+
+
+def case(name: str) -> Case:
+    """Case `name` built once for this module (seed 0), its ranks marked with MARKER."""
+    if name not in _built:
+        _built[name] = build(name, seed=0, env={MARK: MARKER})
+    return _built[name]
+
+
+def gpt2_params(layers: int, h: int, vocab: int = 1024, positions: int = 64) -> int:
+    """transformers' GPT-2 with tied embeddings: per layer 2 LayerNorms (4h), c_attn (3h^2+3h),
+    attn c_proj (h^2+h), c_fc (4h^2+4h), mlp c_proj (4h^2+h); wte, wpe, the final LayerNorm."""
+    per_layer = 4 * h + 3 * h * h + 3 * h + h * h + h + 4 * h * h + 4 * h + 4 * h * h + h
+    return vocab * h + positions * h + layers * per_layer + 2 * h
+
+
+# ---------------------------------------------------------------------------------------------
+# pure: plans, answers, figures
+
+def test_plan_depends_on_the_seed_only():
+    for name in CASES:
+        a, b = plan(name, 3), plan(name, 3)
+        assert a == b
+        assert len(set(a["options"])) == len(a["options"]) >= 4
+        assert 0 <= a["answer"] < len(a["options"])
+    # the seed shuffles the options: over ten seeds the right answer is not always first
+    answers = {plan("straggler", s)["answer"] for s in range(10)}
+    assert len(answers) > 1, answers
+
+
+def test_bad_input_is_refused_with_what_is_allowed():
+    with pytest.raises(ValueError, match=r"name=.*straggler"):
+        build("stragler")
+    for seed in (-1, True, 1.5, 2**31):
+        with pytest.raises(ValueError, match="seed="):
+            plan("straggler", seed)
+    with pytest.raises(ValueError, match="timeout="):
+        build("straggler", timeout=0)
+
+
+def test_check_takes_letters_and_indices():
+    c = Case(name="x", title="t", question="q?", options=["right", "wrong", "also wrong"],
+             answer=0, why=["Yes: 1 ms", "No: 2 ms", "No: 3 ms"], evidence={})
+    assert c.check("a") == c.check(0) == c.check("(A)") == (True, "Right: (a) Yes: 1 ms")
+    assert c.check("c") == (False, "Not: (c) No: 3 ms")
+    assert "(b) wrong" in c.text()
+    for bad in ("d", 3, -1, True, None, "ab"):
+        with pytest.raises(ValueError, match=r"answer=.*allowed: a letter a, b, c"):
+            c.check(bad)
+    assert c.figure() is None          # no drawable evidence
+
+
+def test_evidence_figure_draws_one_panel_per_key():
+    from labkit.plots.diagnose import evidence_figure, fmt_size
+
+    ev = dict(step_times={"rank 0": [0.01, 0.02], "rank 1": [0.01, 0.03]}, fault_from=1,
+              timeline=[dict(rank=0, kind="forward", start=0.0, end=0.01),
+                        dict(rank=1, kind="waiting in barrier", start=0.0, end=0.5, step=2)],
+              memory=dict(budget=10e6, by_batch={1: {"parameters": 1e6, "activations": 2e6},
+                                                 2: {"parameters": 1e6, "activations": 12e6}},
+                          failed=2))
+    assert len(evidence_figure(ev).axes) == 3
+    assert evidence_figure({"log": "text"}) is None
+    with pytest.raises(ValueError, match="end >= start"):
+        evidence_figure({"timeline": [dict(rank=0, kind="x", start=1.0, end=0.5)]})
+    assert fmt_size(21_860_352) == "21.86 MB (20.85 MiB)"
+    assert fmt_size(80e9) == "80.00 GB (74.51 GiB)"
+
+
+# ---------------------------------------------------------------------------------------------
+# every case, built on ranks
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("name", CASES)
+def test_case_answers_check_and_figure(name):
+    c = case(name)
+    p = plan(name, 0)
+    assert (c.question, c.options, c.answer) == (p["question"], p["options"], p["answer"])
+    assert c.check(c.answer)[0] and c.check(c.letters[c.answer])[0]
+    for i in range(len(c.options)):
+        if i != c.answer:
+            ok, message = c.check(i)
+            assert not ok and message.startswith(f"Not: ({c.letters[i]}) No: ")
+            assert re.search(r"\d", message), message          # cites a number
+    assert c.evidence["log"].strip()
+    assert c.figure()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.multirank
+def test_straggler_every_rank_waits_for_the_slow_one():
+    c = case("straggler")
+    n, params = c.numbers, plan("straggler", 0)
+    sleep, slow = n["sleep"], n["slow_rank"]
+    assert f"Rank {slow} is a straggler" in params["options"][params["answer"]]
+    extra = [e for e in c.evidence["timeline"] if e["kind"] == "extra work"]
+    assert extra and {e["rank"] for e in extra} == {slow}
+    assert all(e["end"] - e["start"] >= sleep for e in extra)      # a sleep of `sleep` s
+    after = {k: v[c.evidence["fault_from"]:] for k, v in c.evidence["step_times"].items()}
+    medians = [sorted(v)[len(v) // 2] for v in after.values()]
+    assert all(t >= sleep for t in medians)                        # every rank is slow
+    assert max(medians) - min(medians) < 0.25 * sleep              # ... about equally
+    # labkit.scaling.straggler: every rank takes the slowest rank's work
+    work = [b + (n["extra_s"] if r == slow else 0.0) for r, b in enumerate(n["healthy_step_s"])]
+    assert n["predicted_step_s"] == pytest.approx(max(work))
+    # the all-reduce did not change: one call (25 MiB bucket) of every fp32 gradient
+    grads = 4 * gpt2_params(2, 64)
+    assert n["allreduce_calls"] == {"healthy": 1, "straggler": 1}
+    assert n["allreduce_bytes"] == {"healthy": grads, "straggler": grads}
+
+
+@pytest.mark.multirank
+def test_small_buckets_many_calls_same_bytes():
+    c = case("small-buckets")
+    n = c.numbers
+    grads = 4 * gpt2_params(4, 64)
+    assert n["gradient_bytes"] == grads
+    assert n["allreduce_bytes"] == {"small": grads, "default": grads}
+    assert n["allreduce_calls"]["default"] == 1
+    assert n["allreduce_calls"]["small"] == len(n["torch_buckets"]["small"])
+    assert 1 < n["allreduce_calls"]["small"] <= 12 * 4 + 4          # at most one per tensor
+    assert sum(n["torch_buckets"]["small"]) == grads
+    assert n["step_s"]["small"] > n["step_s"]["default"]           # the case's premise
+    # small buckets start during the backward; the one default bucket when it has ended
+    first, end = n["first_allreduce_s"], n["backward_end_s"]
+    assert first["small"] < end["small"]
+    assert first["small"] - end["small"] < first["default"] - end["default"]
+
+
+@pytest.mark.multirank
+def test_few_microbatches_idle_share_follows_the_bubble():
+    c = case("few-microbatches")
+    n = c.numbers
+    p, few, many = n["stages"], n["microbatches"], n["more_microbatches"]
+    for m in (few, many):
+        assert n["idle_formula"][m] == pytest.approx((p - 1) / (m + p - 1))
+    assert n["idle_measured"][few] > n["idle_measured"][many]
+    assert n["idle_measured"][few] >= n["idle_formula"][few] - 0.03   # the bubble is structural
+    runs = list(c.evidence["pipeline"].values())
+    assert [len(r) for r in runs] == [2 * p * few, 2 * p * many]     # an F and a B each
+
+
+@pytest.mark.multirank
+def test_activation_oom_error_and_memory():
+    c = case("activation-oom")
+    n, mem = c.numbers, c.evidence["memory"]
+    budget, seq, failed = n["budget"], n["seq"], n["failed_batch"]
+    assert n["error_type"] == "OutOfMemoryError"
+    assert "Tried to allocate" in c.evidence["error"] and f"{budget:,} B" in c.evidence["error"]
+    # the whole traceback (run_lab keeps a long one in a file: read back, the file removed)
+    assert "the whole message:" not in c.evidence["log"]
+    assert "raise torch.OutOfMemoryError(" in c.evidence["log"]
+    assert mem["budget"] == budget and mem["failed"] == failed
+    assert all(n["peak"][b] <= budget for b in n["peak"])          # the steps that ran fitted
+    assert failed not in n["peak"] and n["needed"] > budget
+    acts = n["activations"]
+    assert 1.8 < acts[4] / acts[2] < 2.2 and 1.8 < acts[2] / acts[1] < 2.2
+    # Korthikanti et al. 2022, Table 2, no recompute: s b h (34 + 5 a s / h)
+    assert n["layer_activations_predicted"] == pytest.approx(
+        seq * failed * 64 * (34 + 5 * 4 * seq / 64))
+    assert 0.95 < n["ratio"][4] < 1.05
+    assert n["model_states"] < 0.2 * budget                        # not the weights
+    assert n["sharded_needed"] > budget
+
+
+@pytest.mark.multirank
+def test_skipped_collective_hangs_then_times_out_and_leaves_nothing():
+    c = case("skipped-collective")
+    n = c.numbers
+    world, batch, samples = n["world_size"], n["batch"], n["samples"]
+    steps = [len(range(r, samples, world)) // batch for r in range(world)]
+    assert n["steps_per_rank"] == steps and steps[0] == steps[1] + 1
+    assert n["waiting_in"] == ["all_reduce", "barrier"]
+    assert n["allreduces_entered"] == [steps[0], steps[1]]
+    assert "Timed out waiting 3000ms" in c.evidence["error"]
+    assert all(code not in (0, None) for code in n["exit_codes"])
+    assert n["sampler_samples_per_rank"] == -(-samples // world)
+    assert "finished my" in c.evidence["log"]
+    for name in CASES:                   # whatever ran before this: nothing of it is left
+        case(name)
+    waited, left = wait_until_gone(MARKER, 10.0)
+    assert left == [], f"processes of the cases survived them: {left}"
+
+
+@pytest.mark.multirank
+def test_the_same_seed_gives_the_same_question_twice():
+    first = case("activation-oom")
+    again = build("activation-oom", seed=0, env={MARK: MARKER})
+    assert (again.question, again.options, again.answer) == (first.question, first.options,
+                                                             first.answer)
+    assert again.numbers["budget"] == first.numbers["budget"]      # drawn, not measured

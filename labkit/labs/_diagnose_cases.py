@@ -197,7 +197,7 @@ def small_buckets(plan: dict, seed: int, timeout: float, env=None) -> dict:
 
     world, cap = plan["params"]["world"], plan["params"]["cap"]
     result, _ = launch("labkit.labs._diagnose_ddp", world,
-                       ["--part", "buckets", "--bucket-mb", cap, "--layers", 4, "--steps", 8,
+                       ["--part", "buckets", "--bucket-mb", cap, "--layers", 4, "--steps", 12,
                         "--seed", seed],
                        timeout, env)
     r = result.results[0]

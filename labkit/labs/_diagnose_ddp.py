@@ -14,7 +14,7 @@ learner would see it, the healthy configuration beside it in the same run.
     step per phase (labkit.runtime.measure.CollectiveCounter).
 --part buckets: torch DDP with bucket_cap_mb=--bucket-mb (the misconfiguration) and with torch's
     default 25 MiB, and the same step with no communication ("local", compute only), interleaved
-    step by step (a busy machine slows them alike): all-reduces per step, step times, one
+    step by step (a busy machine slows them alike): all-reduces per step, step times (the shortest of each), one
     instrumented step's timeline (labkit.labs._ddp_measure.Timeline: gradients ready, each
     all-reduce issued and completed), and this run's all-reduce latency and bandwidth
     (labkit.labs._ddp_measure.link_figures: fitted, else the loopback link's) for
@@ -29,7 +29,7 @@ import time
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from labkit.labs.ddp import (barrier, between, build_model, global_batch, median, positive_int,
+from labkit.labs.ddp import (barrier, between, build_model, global_batch, positive_int,
                              shard, torch_buckets, torch_ddp, train_step, trainable)
 from labkit.runtime import dist, measure
 
@@ -154,7 +154,9 @@ def run_buckets(args, ctx) -> dict:
     return dict(part="buckets", rank=ctx.rank, world_size=ctx.world_size, num_params=n_params,
                 param_tensors=len(trainable(base)), gradient_bytes=4 * n_params, caps=caps,
                 allreduce=calls, torch_buckets={k: torch_buckets(models[k]) for k in caps},
-                step_times=times, step_s={k: median(v) for k, v in times.items()},
+                # the shortest step of each configuration (timeit's rule: the configurations take
+                # turns each step, and a busy machine only lengthens a step)
+                step_times=times, step_s={k: min(v) for k, v in times.items()},
                 timeline=timeline, timeline_summary={k: summarize(v) for k, v in
                                                      timeline.items()}, link=link)
 

@@ -59,6 +59,13 @@ def log_text(result, error=None) -> str:
     return "\n".join(lines)
 
 
+def answered(why: list[str], evidence: dict, numbers: dict) -> dict:
+    """A case's result: `why[0]` explains the right option (first in the plan), the rest why
+    each other option is wrong; the evidence and the numbers the explanations quote."""
+    return dict(why=[f"{'Yes' if i == 0 else 'No'}: {w}" for i, w in enumerate(why)],
+                evidence=evidence, numbers=numbers)
+
+
 def med(xs) -> float:
     return statistics.median(xs) if xs else float("nan")
 
@@ -166,9 +173,7 @@ def straggler(plan: dict, seed: int, timeout: float, env=None) -> dict:
         f"{calls['straggler']['calls']} after; too-small buckets would show many calls and "
         "would slow every step from the start.",
     ]
-    return dict(
-        why=[f"{'Yes' if i == 0 else 'No'}: {w}" for i, w in enumerate(why)],
-        evidence=evidence, numbers=numbers)
+    return answered(why, evidence, numbers)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -268,9 +273,7 @@ def small_buckets(plan: dict, seed: int, timeout: float, env=None) -> dict:
         f"the compute is the same in both (same model, same batch): {MS * compute:.1f} ms per "
         "step without any communication; the difference between the runs is communication.",
     ]
-    return dict(
-        why=[f"{'Yes' if i == 0 else 'No'}: {w}" for i, w in enumerate(why)],
-        evidence=evidence, numbers=numbers)
+    return answered(why, evidence, numbers)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -348,6 +351,4 @@ def few_microbatches(plan: dict, seed: int, timeout: float, env=None) -> dict:
         f"the bubble: at most {max(row['peak_in_flight'])} micro-batches in flight on a stage "
         f"against GPipe's {max(runs[few]['gpipe']['peak_in_flight'])}.",
     ]
-    return dict(
-        why=[f"{'Yes' if i == 0 else 'No'}: {w}" for i, w in enumerate(why)],
-        evidence=evidence, numbers=numbers)
+    return answered(why, evidence, numbers)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import re
 
-from labkit.labs._diagnose_cases import MS, launch, log_text, med, pct
+from labkit.labs._diagnose_cases import MS, answered, launch, log_text, med, pct
 from labkit.plots.diagnose import fmt_size
 
 
@@ -118,9 +118,7 @@ def activation_oom(plan: dict, seed: int, timeout: float, env=None) -> dict:
         f"labkit.memory predicts for micro-batch {failed}): {fmt_size(numbers['over_budget'])} "
         "more than the budget; no allocator setting makes that fit.",
     ]
-    return dict(
-        why=[f"{'Yes' if i == 0 else 'No'}: {w}" for i, w in enumerate(why)],
-        evidence=evidence, numbers=numbers)
+    return answered(why, evidence, numbers)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,6 +210,4 @@ def skipped_collective(plan: dict, seed: int, timeout: float, env=None) -> dict:
         "looks at the values it sums: a NaN is added like any other number (it spreads to "
         "every rank; it does not stop one).",
     ]
-    return dict(
-        why=[f"{'Yes' if i == 0 else 'No'}: {w}" for i, w in enumerate(why)],
-        evidence=evidence, numbers=numbers)
+    return answered(why, evidence, numbers)

@@ -12,6 +12,8 @@
   `reference` computes their references; `forbid` refuses answers that call what they must
   write (labkit's own function, a collective in the ring exercise) or read solutions/.
 - `doctor`: is this machine ready for the course?
+- `workshop`: a workshop room's preflight (GPUs, NCCL, interconnect, all-reduce busbw, disk, every
+  lab timed) and its GPU-hour budget.
 
 May import: every lower layer (cost models, views, runtime, parallel, labs). Never cli/.
 """

@@ -1,0 +1,129 @@
+"""`labkit workshop check|budget`: an instructor's preflight for a room of machines, and its budget.
+
+    labkit workshop check                     # every check, one run of each lab program
+    labkit workshop check --quick             # the machine, GPUs and 3 short labs (~30 s on CPU)
+    labkit workshop check --labs ddp,05       # these labs (a lab, a module, or a run: ddp:compare)
+    labkit workshop check --labs all --json > $(hostname).json   # every lab run of the course
+    labkit workshop budget --learners 30 --gpus-per-learner 4 --times room/gpu-node.json \\
+        --repeats 2 --session-hours 6 --price 2.5
+
+`check` runs on each machine: GPUs, NCCL, the interconnect (`nvidia-smi topo -m`), a timed
+all-reduce's bus bandwidth on all local GPUs against what the link should give, free disk, and
+the course's labs, each launched once with its time; it ends with a one-line verdict (`--json`:
+the whole report, for collecting a room's results). Exit status: 0 ready, 1 not ready, 2 bad
+arguments. `budget` turns measured lab times (a `check --json` file) into GPU-hours for N
+learners: learners x GPUs each x the labs' seconds x repeats / 3600.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", metavar="ACTION")
+    c = sub.add_parser("check", help="preflight this machine for a workshop (--json for a room)",
+                       description="Preflight this machine: GPUs, NCCL, interconnect, all-reduce "
+                                   "busbw, disk, and the course's labs with their times.")
+    c.add_argument("--json", action="store_true", help="print the report as JSON")
+    c.add_argument("--quick", action="store_true",
+                   help="run only the short labs (hello, memory, semantics)")
+    c.add_argument("--labs", default=None,
+                   help="comma-separated: 'all', a lab (ddp), a module (05) or a run "
+                        "(ddp:compare); default: one run of each lab program")
+    c.add_argument("--nproc", type=int, default=None,
+                   help="ranks for every lab instead of the notebooks' (the 3D lab keeps 8)")
+    c.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds each lab may take (default 600)")
+    b = sub.add_parser("budget", help="GPU-hours for N learners from measured lab times",
+                       description="GPU-hours = learners x GPUs per learner x the labs' "
+                                   "seconds x repeats / 3600.")
+    b.add_argument("--learners", type=int, required=True, help="learners in the room")
+    b.add_argument("--gpus-per-learner", type=int, default=1,
+                   help="GPUs each learner holds (default 1)")
+    b.add_argument("--times", required=True,
+                   help="a `labkit workshop check --json` file measured on the workshop's "
+                        "machine (its lab_seconds are used)")
+    b.add_argument("--repeats", type=float, default=1.0,
+                   help="times each learner runs each lab (default 1)")
+    b.add_argument("--session-hours", type=float, default=None,
+                   help="hours each learner holds the machine (the billed GPU-hours)")
+    b.add_argument("--price", type=float, default=None, help="price of one GPU-hour")
+    b.add_argument("--json", action="store_true", help="print the budget as JSON")
+
+
+def _check(args) -> int:
+    from labkit.course import workshop
+
+    if args.nproc is not None and not 2 <= args.nproc <= 64:
+        print(f"labkit workshop check: --nproc={args.nproc}; allowed: 2 to 64 (a collective "
+              "needs 2 ranks)", file=sys.stderr)
+        return 2
+    if not args.timeout > 0:
+        print(f"labkit workshop check: --timeout={args.timeout}; allowed: seconds > 0",
+              file=sys.stderr)
+        return 2
+    try:
+        runs = workshop.select_labs(args.labs, quick=args.quick)
+    except ValueError as exc:
+        print(f"labkit workshop check: {exc}", file=sys.stderr)
+        return 2
+
+    def progress(run):
+        if not args.json:
+            print(f"  ... {run.name} ({run.nproc} ranks)", file=sys.stderr, flush=True)
+
+    report = workshop.preflight(runs, nproc=args.nproc, timeout=args.timeout, progress=progress)
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report.text())
+    return 0 if report.ok else 1
+
+
+def _budget(args) -> int:
+    from dataclasses import asdict
+    from labkit.course import workshop
+
+    try:
+        with open(args.times, encoding="utf-8") as f:
+            measured = json.load(f)
+        times = measured["lab_seconds"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"labkit workshop budget: --times={args.times!r} is not a `labkit workshop check "
+              f"--json` report ({type(exc).__name__}: {exc}); allowed: the JSON that command "
+              "prints", file=sys.stderr)
+        return 2
+    try:
+        b = workshop.gpu_hours(args.learners, times, args.gpus_per_learner, args.repeats,
+                               args.session_hours, args.price)
+    except ValueError as exc:
+        print(f"labkit workshop budget: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(asdict(b), indent=2))
+    else:
+        print(f"lab times from {args.times} ({measured.get('host', '?')}, "
+              f"{measured.get('gpus', 0)} GPU(s))")
+        print(workshop.format_budget(b))
+    return 0
+
+
+def run(args) -> int:
+    if args.action == "check":
+        return _check(args)
+    if args.action == "budget":
+        return _budget(args)
+    print("labkit workshop: say what to do; allowed: check, budget (labkit workshop check "
+          "--help)", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m labkit.cli.workshop ...` (the same as `labkit workshop ...`)."""
+    parser = argparse.ArgumentParser(prog="labkit workshop", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

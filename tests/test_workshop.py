@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from labkit import topology
 from labkit.course import workshop
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -160,30 +161,30 @@ PCIE_BOX = ("\tGPU0\tGPU1\tGPU2\tCPU Affinity\tNUMA Affinity\n"
 
 
 def test_topology_is_parsed_and_the_slowest_path_found():
-    t = workshop.parse_topology(DGX_H100)
+    t = topology.parse_topology(DGX_H100)
     assert t["gpus"] == ["GPU0", "GPU1", "GPU2", "GPU3"]
     assert len(t["pairs"]) == 6 and set(t["pairs"].values()) == {"NV18"}   # NICs left out
     assert t["slowest"] == "NV18"
-    p = workshop.parse_topology(PCIE_BOX)
+    p = topology.parse_topology(PCIE_BOX)
     assert p["pairs"] == {"GPU0-GPU1": "PIX", "GPU0-GPU2": "SYS", "GPU1-GPU2": "SYS"}
     assert p["slowest"] == "SYS"
-    assert workshop.parse_topology("No devices were found")["slowest"] is None
+    assert topology.parse_topology("No devices were found")["slowest"] is None
 
 
 def test_expected_bus_bandwidth_from_the_link():
     # independent figures: NVLink 4 and 3 carry 25 GB/s per link per direction (H100: 18 links,
     # 900 GB/s both ways; A100: 12 links, 600 GB/s); PCIe 4.0 x16: 16 GT/s x 16 lanes, 128b/130b
-    bw, why = workshop.expected_busbw("NV18", "NVIDIA H100 80GB HBM3")
+    bw, why = topology.expected_busbw("NV18", "NVIDIA H100 80GB HBM3")
     assert bw == pytest.approx(18 * 25 * GB) and "NV18" in why
-    assert workshop.expected_busbw("NV12", "NVIDIA A100-SXM4-80GB")[0] == pytest.approx(300 * GB)
-    assert workshop.expected_busbw("NV4", "NVIDIA A100-SXM4-40GB")[0] == pytest.approx(100 * GB)
+    assert topology.expected_busbw("NV12", "NVIDIA A100-SXM4-80GB")[0] == pytest.approx(300 * GB)
+    assert topology.expected_busbw("NV4", "NVIDIA A100-SXM4-40GB")[0] == pytest.approx(100 * GB)
     pcie4 = 16e9 * 16 * (128 / 130) / 8
-    assert workshop.expected_busbw("PIX", "NVIDIA L4", 4, 16)[0] == pytest.approx(pcie4)
-    assert workshop.expected_busbw("SYS", "NVIDIA L4", 4, 8)[0] == pytest.approx(pcie4 / 2)
-    bw, why = workshop.expected_busbw("PIX", "Tesla T4", 3, 16)     # no PCIe 3 in the table
+    assert topology.expected_busbw("PIX", "NVIDIA L4", 4, 16)[0] == pytest.approx(pcie4)
+    assert topology.expected_busbw("SYS", "NVIDIA L4", 4, 8)[0] == pytest.approx(pcie4 / 2)
+    bw, why = topology.expected_busbw("PIX", "Tesla T4", 3, 16)     # no PCIe 3 in the table
     assert bw is None and "gen 3" in why
-    assert workshop.expected_busbw("NV2", "Quadro RTX 8000")[0] is None
-    assert workshop.expected_busbw(None, "NVIDIA H100")[0] is None
+    assert topology.expected_busbw("NV2", "Quadro RTX 8000")[0] is None
+    assert topology.expected_busbw(None, "NVIDIA H100")[0] is None
 
 
 def test_busbw_check_compares_the_measurement_with_the_link(monkeypatch):
@@ -212,7 +213,7 @@ def test_busbw_check_compares_the_measurement_with_the_link(monkeypatch):
     assert calls[0][1]["env"] == {"LABKIT_BACKEND": "nccl"}
     assert c.data["busbw"] == pytest.approx(busbw)
     assert c.data["share"] == pytest.approx(busbw / (450 * GB))
-    assert c.status == ("ok" if busbw / (450 * GB) >= workshop.BUSBW_OK_SHARE else "warn")
+    assert c.status == ("ok" if busbw / (450 * GB) >= topology.BUSBW_OK_SHARE else "warn")
     slow = Check("interconnect", "ok", "", data={"expected_busbw": 4 * busbw, "link": "NV18"})
     s = workshop.check_busbw(4, slow)
     assert s.status == "warn" and "peer-to-peer" in s.fix and "25%" in s.detail

@@ -20,7 +20,6 @@ from dataclasses import asdict, dataclass, field
 import os
 from pathlib import Path
 import platform
-import re
 import shutil
 import subprocess
 import tempfile
@@ -29,7 +28,9 @@ import time
 from labkit import validate
 from labkit.course import doctor
 from labkit.course.doctor import Check
-from labkit.hardware import GB, LINKS
+from labkit.hardware import GB
+from labkit.topology import (BUSBW_OK_SHARE, BUSBW_SIZE, busbw_verdict, expected_busbw,
+                             parse_topology)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -133,91 +134,9 @@ def select_labs(spec: str | None = None, quick: bool = False) -> list[LabRun]:
     return [r for r in COURSE_LABS if r.name in wanted]
 
 
-# --- the interconnect --------------------------------------------------------------------------
-
-# NVLink generation and links per GPU, by the GPU's name as torch reports it. Sources: the
-# LINKS entries' quotes (A100: 12 links, Hopper and Blackwell: 18 links, each 2 x 25 or 2 x 50
-# GB/s); the per-GPU totals themselves are LINKS[...].bandwidth.
-NVLINK_BY_GPU = (("A100", "nvlink3", 12), ("A800", "nvlink3", 12), ("H100", "nvlink4", 18),
-                 ("H200", "nvlink4", 18), ("H800", "nvlink4", 18), ("GH200", "nvlink4", 18),
-                 ("B200", "nvlink5", 18), ("B100", "nvlink5", 18))
-PCIE_BY_GEN = {4: "pcie4", 5: "pcie5"}
-# The paths of `nvidia-smi topo -m`'s legend, slowest first: a ring is as fast as its slowest hop.
-PCIE_PATHS = ("SYS", "NODE", "PHB", "PXB", "PIX")
-# A healthy all-reduce reaches most of the link (nccl-tests: ~80 % on NVLink and PCIe at large
-# sizes); below this share something is off (peer-to-peer disabled, a link down, a busy GPU).
-BUSBW_OK_SHARE = 0.5
-BUSBW_SIZE = "256M"     # large enough for the bandwidth term to dominate (nccl-tests' plateau)
 # Free disk: labs write checkpoints of small models (MBs); Jupyter and pip want room too.
 DISK_FAIL = 1 * GB
 DISK_WARN = 5 * GB
-
-
-def parse_topology(text: str) -> dict:
-    """`nvidia-smi topo -m`'s matrix: {"gpus": ["GPU0", ...], "pairs": {"GPU0-GPU1": "NV18"},
-    "slowest": the slowest GPU-to-GPU path ("NV18", "SYS", ...; None with fewer than 2 GPUs)}."""
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    header = next((ln for ln in lines if re.match(r"^\s+GPU0\b", ln)), None)
-    if header is None:
-        return {"gpus": [], "pairs": {}, "slowest": None}
-    cols = [c.strip() for c in header.strip().split("\t")] if "\t" in header else header.split()
-    pairs, gpus = {}, []
-    for ln in lines:
-        m = re.match(r"^(GPU\d+)\s", ln)
-        if not m:
-            continue
-        gpus.append(m.group(1))
-        cells = [c.strip() for c in ln.split("\t")[1:]] if "\t" in ln else ln.split()[1:]
-        for col, cell in zip(cols, cells):
-            if re.fullmatch(r"GPU\d+", col) and col != m.group(1) and cell != "X":
-                pairs["-".join(sorted((m.group(1), col)))] = cell
-    return {"gpus": gpus, "pairs": pairs, "slowest": min(pairs.values(), key=_path_rank)
-            if pairs else None}
-
-
-def _path_rank(path: str) -> tuple[int, int]:
-    m = re.fullmatch(r"NV(\d+)", path)
-    if m:
-        return (len(PCIE_PATHS), int(m.group(1)))
-    return (PCIE_PATHS.index(path) if path in PCIE_PATHS else -1, 0)
-
-
-def expected_busbw(slowest: str | None, gpu_name: str, pcie_gen: int | None = None,
-                   pcie_width: int | None = None) -> tuple[float | None, str]:
-    """(bytes/s per direction an all-reduce's busbw should approach, which link that is), from
-    the slowest GPU-to-GPU path of the topology, or (None, why not)."""
-    if slowest is None:
-        return None, "fewer than 2 GPUs: no GPU-to-GPU link"
-    m = re.fullmatch(r"NV(\d+)", slowest)
-    if m:
-        gen = next(((key, links) for part, key, links in NVLINK_BY_GPU
-                    if part in gpu_name.upper()), None)
-        if gen is None:
-            return None, (f"{slowest} (NVLink) on {gpu_name}: its generation is not in "
-                          "labkit.hardware.LINKS' table of GPUs")
-        link = LINKS[gen[0]]
-        links = int(m.group(1))
-        bw = min(links, gen[1]) * link.bandwidth / gen[1]
-        return bw, f"{slowest}: {links} x {link.name} link(s), {bw / GB:.0f} GB/s per direction"
-    if slowest in PCIE_PATHS:
-        key = PCIE_BY_GEN.get(pcie_gen or 0)
-        if key is None:
-            return None, (f"{slowest} (PCIe{f' gen {pcie_gen}' if pcie_gen else ''}): no such "
-                          "PCIe generation in labkit.hardware.LINKS")
-        link = LINKS[key]
-        width = pcie_width if pcie_width in (1, 2, 4, 8, 16) else 16
-        bw = link.bandwidth * width / 16
-        via = " across the CPUs' interconnect" if slowest in ("SYS", "NODE") else ""
-        return bw, f"{slowest}: {link.name[:-4]}x{width}{via}, {bw / GB:.1f} GB/s per direction"
-    return None, f"path {slowest!r} is not one of nvidia-smi's (NV#, {', '.join(PCIE_PATHS)})"
-
-
-def busbw_verdict(measured: float, expected: float | None) -> tuple[str, float | None]:
-    """("ok" | "warn" | "info", measured / expected)."""
-    if not expected:
-        return "info", None
-    share = measured / expected
-    return ("ok" if share >= BUSBW_OK_SHARE else "warn"), share
 
 
 # --- the checks --------------------------------------------------------------------------------

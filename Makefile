@@ -17,7 +17,7 @@ TORCH_PIN := torch==2.13.0
 WORKERS ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: lab test setup grade bench doctor exercises test-fast test-gpu clean help workshop-check
+.PHONY: lab test setup grade bench doctor exercises test-fast test-gpu clean help workshop-check calculators
 
 help:
 	@echo "make lab        set up and open the course in JupyterLab"
@@ -27,6 +27,7 @@ help:
 	@echo "make doctor     is this machine ready for the course?"
 	@echo "make exercises  regenerate exercises/ from solutions/"
 	@echo "make test-gpu   GPU-only tests (on a CUDA machine)"
+	@echo "make calculators  the course's calculators as one web app (Voila; 127.0.0.1, token)"
 	@echo "make workshop-check  preflight this machine for a workshop (ARGS=--json ...)"
 
 $(PY):
@@ -62,6 +63,9 @@ test-fast: setup
 
 test-gpu: setup
 	$(PY) -m pytest -m gpu tests
+
+calculators: setup
+	$(PY) -m labkit calculators
 
 workshop-check: setup
 	$(PY) -m labkit workshop check $(ARGS)

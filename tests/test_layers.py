@@ -20,11 +20,12 @@ COST = {"models", "hardware", "memory", "flops", "comm", "pipeline", "validate",
 # layer of each top-level part of the package, and what each layer may import
 LAYER_OF = {**{m: "cost" for m in COST}, "plots": "plots", "widgets": "widgets",
             "runtime": "runtime", "parallel": "parallel", "labs": "labs", "course": "course",
-            "cli": "cli"}
+            "app": "app", "cli": "cli"}
 ALLOWED = {
     "cost": {"cost"},
     "plots": {"cost", "plots"},
     "widgets": {"cost", "plots", "widgets"},
+    "app": {"cost", "plots", "widgets", "app"},     # the calculators' web app: views only
     "runtime": {"cost", "runtime"},
     "parallel": {"cost", "runtime", "parallel"},
     "labs": {"cost", "plots", "runtime", "parallel", "labs"},
@@ -111,6 +112,8 @@ def test_every_folder_says_what_it_may_import():
     ("labs/x.py", "from labkit.course.grader import grade_notebook\n", "labs layer imports labkit.course"),
     ("course/grader.py", "from labkit.cli.grade import main\n", "course layer imports labkit.cli"),
     ("parallel/ddp.py", "from labkit.labs import hello\n", "parallel layer imports labkit.labs"),
+    ("app/__init__.py", "from labkit.runtime import launch\n", "app layer imports labkit.runtime"),
+    ("widgets/x.py", "from labkit.app import CalculatorsApp\n", "widgets layer imports labkit.app"),
     ("newthing.py", "x = 1\n", "not in any layer"),
 ])
 def test_checker_fails_when_a_rule_is_broken(tmp_path, rel, code, expected):

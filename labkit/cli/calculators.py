@@ -24,6 +24,7 @@ import webbrowser
 from pathlib import Path
 
 import labkit
+from labkit.cli.course import port_number   # the same --port rule as labkit course
 
 DEFAULT_PORT = 8866
 LOCAL, EVERYWHERE = "127.0.0.1", "0.0.0.0"
@@ -33,18 +34,6 @@ def notebook_path() -> Path:
     """The app notebook, shipped inside the package (labkit/app/calculators.ipynb). Found
     without importing labkit.app, which would load ipywidgets into this process for nothing."""
     return Path(labkit.__file__).resolve().parent / "app" / "calculators.ipynb"
-
-
-def port_number(text: str) -> int:
-    """argparse type for --port: an integer from 0 (any free port) to 65535."""
-    try:
-        port = int(text)
-    except ValueError:
-        port = None
-    if port is None or not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(
-            f"--port={text} is not a port; allowed: 0 (any free port) to 65535")
-    return port
 
 
 def token_text(text: str) -> str:

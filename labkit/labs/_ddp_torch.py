@@ -240,7 +240,10 @@ def run_straggler(args, ctx) -> dict:
 
     r = trial(args, ctx, build_model(args, ctx.device), sleep_rank=args.slow_rank,
               bucket_cap_mb=args.bucket_mb)
-    mine = [r["step_s"], r["slow_s"]]
+    # each rank's shortest healthy and shortest straggling step (timeit's rule: the two kinds
+    # take turns, and a busy machine only lengthens a step; every straggling step still holds
+    # the whole sleep, which the all-reduce makes every rank wait for)
+    mine = [min(r["times"]), min(r["slow_times"])]
     every = [None] * ctx.world_size
     if ctx.world_size > 1:
         tdist.all_gather_object(every, mine)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from labkit import topology
-from labkit.course import workshop
+from labkit.course import course_labs, workshop
 
 ROOT = Path(__file__).resolve().parent.parent
 GB = 1e9
@@ -141,7 +141,7 @@ def test_every_course_lab_run_names_a_lab_and_its_notebook_calls_it():
         nb = next(ROOT.glob(f"notebooks/{r.module}_*.ipynb"))
         assert f"labkit.labs.{r.lab}" in nb.read_text(), (r, nb)
         for need in r.needs:
-            assert workshop.COURSE_LABS.index(workshop._BY_NAME[need]) < \
+            assert workshop.COURSE_LABS.index(course_labs._BY_NAME[need]) < \
                 workshop.COURSE_LABS.index(r)
 
 
@@ -218,6 +218,217 @@ def test_busbw_check_compares_the_measurement_with_the_link(monkeypatch):
     s = workshop.check_busbw(4, slow)
     assert s.status == "warn" and "peer-to-peer" in s.fix and "25%" in s.detail
     assert workshop.check_busbw(1, inter).status == "skip"
+
+
+# What current drivers print, also into a pipe: the header row underlined with terminal escapes,
+# NIC rows and columns, CPU/NUMA affinity and GPU NUMA ID columns, the legends.
+def _topo_m(paths: dict, n: int, nics: int = 0) -> str:
+    """A `nvidia-smi topo -m` matrix of n GPUs; paths[(i, j)] (i < j) else "SYS"."""
+    head = [f"GPU{i}" for i in range(n)] + [f"NIC{k}" for k in range(nics)]
+    out = ["\t\x1b[4m" + "\t".join(head + ["CPU Affinity", "NUMA Affinity", "GPU NUMA ID"])
+           + "\x1b[0m"]
+    for i in range(n):
+        cells = [" X " if i == j else paths.get((min(i, j), max(i, j)), "SYS") for j in range(n)]
+        cells += ["PIX" if k == i // 2 else "SYS" for k in range(nics)]
+        out.append("\t".join([f"GPU{i}", *cells, "0-55,112-167" if i < n / 2 else "56-111", "0",
+                              "", "N/A"]))
+    for k in range(nics):
+        out.append("\t".join([f"NIC{k}", *["PIX" if k == i // 2 else "SYS" for i in range(n)],
+                              *[" X " if k == m else "SYS" for m in range(nics)]]))
+    out += ["", "Legend:", "", "  X    = Self", "  SYS  = Connection traversing PCIe as well as "
+            "the SMP interconnect between NUMA nodes (e.g., QPI/UPI)",
+            "  NV#  = Connection traversing a bonded set of # NVLinks", "", "NIC Legend:", ""]
+    out += [f"  NIC{k}: mlx5_{k}" for k in range(nics)]
+    return "\n".join(out) + "\n"
+
+
+HGX_H100 = _topo_m({(i, j): "NV18" for i in range(8) for j in range(8)}, 8, nics=4)
+TWO_L4 = _topo_m({(0, 1): "PHB"}, 2)
+ONE_GPU = _topo_m({}, 1)
+# 8 PCIe GPUs on two sockets: pairs behind one switch (PIX), the sockets apart (SYS)
+EIGHT_PCIE = _topo_m({(i, j): ("PIX" if i // 2 == j // 2 else "NODE" if i // 4 == j // 4
+                               else "SYS") for i in range(8) for j in range(8)}, 8)
+
+
+def test_topology_of_current_drivers_with_escapes_nics_and_legends():
+    t = topology.parse_topology(HGX_H100)
+    assert t["gpus"] == [f"GPU{i}" for i in range(8)]
+    assert len(t["pairs"]) == 28 and set(t["pairs"].values()) == {"NV18"}
+    assert t["slowest"] == "NV18"
+    assert topology.parse_topology(TWO_L4)["pairs"] == {"GPU0-GPU1": "PHB"}
+    one = topology.parse_topology(ONE_GPU)
+    assert one["gpus"] == ["GPU0"] and one["slowest"] is None
+    # what the labs can see: CUDA_VISIBLE_DEVICES=0,1 holds one PCIe switch's pair
+    assert topology.parse_topology(EIGHT_PCIE)["slowest"] == "SYS"
+    assert topology.parse_topology(EIGHT_PCIE, [0, 1])["slowest"] == "PIX"
+    assert topology.parse_topology(EIGHT_PCIE, [0, 2])["slowest"] == "NODE"
+    assert topology.visible_indices(None, 8) is None
+    assert topology.visible_indices("4,5,6,7", 4) == [4, 5, 6, 7]
+    assert topology.visible_indices("0,1,9", 2) == [0, 1]          # CUDA stops at a bad one
+    assert topology.visible_indices("GPU-8f6d3a52-aaaa,GPU-12", 2) is None
+
+
+def test_pcie_link_is_the_slowest_of_the_gpus_used():
+    q = "0, 4, 16\n1, 4, 8\n2, 5, 16\n3, [N/A], [N/A]\n"
+    assert topology.parse_pcie(q) == (4, 8)
+    assert topology.parse_pcie(q, [2, 3]) == (5, 16)
+    assert topology.parse_pcie("", None) == (None, None)
+    assert topology.parse_pcie(None) == (None, None)
+
+
+def _fake_machine(monkeypatch, topo: str | None, name: str, pcie: str | None = None):
+    import torch
+    calls = []
+
+    def smi(*args):
+        calls.append(args)
+        return topo if args[:2] == ("topo", "-m") else pcie
+    monkeypatch.setattr(workshop, "_smi", smi)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: name)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return calls
+
+
+@pytest.mark.parametrize("topo, name, pcie, gpus, link, expected", [
+    (HGX_H100, "NVIDIA H100 80GB HBM3", "", 8, "NV18", 18 * 25 * GB),   # NVLink 4: 25 GB/s/link
+    (TWO_L4, "NVIDIA L4", "0, 4, 16\n1, 4, 16\n", 2, "PHB", 16e9 * 16 * (128 / 130) / 8),
+])
+def test_interconnect_check_reads_real_nvidia_smi_output(monkeypatch, topo, name, pcie, gpus,
+                                                         link, expected):
+    _fake_machine(monkeypatch, topo, name, pcie)
+    c = workshop.check_interconnect(gpus)
+    assert c.status == "ok", c.detail
+    assert c.data["slowest"] == link and c.data["expected_busbw"] == pytest.approx(expected)
+    assert "\x1b" not in c.detail and "\x1b" not in c.data["topo"]
+    json.dumps(workshop._jsonable(c.data), allow_nan=False)
+
+
+def test_interconnect_check_one_gpu_unreadable_matrix_and_visible_gpus(monkeypatch):
+    _fake_machine(monkeypatch, ONE_GPU, "NVIDIA H100 80GB HBM3")
+    assert workshop.check_interconnect(1).status == "info"          # no pair: a fact
+    _fake_machine(monkeypatch, "No devices were found\n", "NVIDIA L4")
+    c = workshop.check_interconnect(2)                              # 2 GPUs, no pair read
+    assert c.status == "warn" and c.data["expected_busbw"] is None and "unknown" in c.detail
+    _fake_machine(monkeypatch, EIGHT_PCIE, "NVIDIA L4", "\n".join(
+        f"{i}, 4, 16" for i in range(8)))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    c = workshop.check_interconnect(2)
+    assert c.data["slowest"] == "PIX" and c.data["gpus"] == ["GPU2", "GPU3"]
+    assert "CUDA_VISIBLE_DEVICES" in c.detail
+
+
+def test_busbw_check_reports_a_failed_launch_as_a_row(monkeypatch):
+    import labkit.runtime.launch as launch
+    from labkit.course.doctor import Check
+    from labkit.runtime.results import LabError
+
+    inter = Check("interconnect", "ok", "", data={"expected_busbw": 450 * GB, "link": "NV18"})
+    for exc in (ValueError("nproc=8 is more ranks than this machine holds"),
+                LabError("", reason="timeout"), OSError("Too many open files")):
+        def boom(target, exc=exc, **kw):
+            raise exc
+        monkeypatch.setattr(launch, "run_lab", boom)
+        c = workshop.check_busbw(8, inter)
+        assert c.status == "fail" and "--sizes 256M" in c.fix, c
+    for results in ([{"backend": "nccl", "rows": []}], [], [{"backend": "nccl"}]):
+        class Empty:
+            launcher = "pool"
+        Empty.results = results
+        monkeypatch.setattr(launch, "run_lab", lambda target, **kw: Empty)
+        c = workshop.check_busbw(2, inter)
+        assert c.status == "fail" and "no all_reduce row" in c.detail
+
+
+def _fake_labs(monkeypatch, gpus: int, report_backend: bool):
+    """run_lab as the launcher runs it on a machine with `gpus` GPUs: each lab's ranks pick
+    NCCL when every local rank has a GPU of its own, else gloo (labkit.runtime.system)."""
+    import labkit.runtime.launch as launch
+    from labkit.runtime import pool, system
+    monkeypatch.delenv("LABKIT_BACKEND", raising=False)
+    monkeypatch.setattr(system, "cuda_device_count", lambda: gpus)
+    monkeypatch.setattr(pool, "warm", lambda *a, **k: None)
+    launched = []
+
+    def fake_run_lab(target, nproc, **kw):
+        launched.append((target, nproc))
+
+        class R:
+            results = [{"backend": system.default_backend(nproc)} if report_backend else {}
+                       for _ in range(nproc)]
+            launcher = "pool"
+        return R
+    monkeypatch.setattr(launch, "run_lab", fake_run_lab)
+    return launched
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 8])
+def test_labs_on_gpus_run_nccl_where_each_rank_has_a_gpu_and_the_verdict_says_so(monkeypatch,
+                                                                                 gpus):
+    from labkit.course.doctor import Check
+    runs = workshop.select_labs("hello,memory,semantics,threed:3d")   # 2, 1, 4 and 8 ranks
+    launched = _fake_labs(monkeypatch, gpus, report_backend=False)
+    rows = workshop.run_labs(runs)
+    labs = {c.data["lab"]: c.data for c in rows if "lab" in c.data}
+    assert launched == [(f"labkit.labs.{r.lab}", r.nproc) for r in runs]
+    for r in runs:
+        assert labs[r.name]["backend"] == ("nccl" if r.nproc <= gpus else "gloo"), (r, gpus)
+    report = workshop.Preflight("gpu-node", [Check("gpus", "ok", ""), *rows], gpus, len(runs))
+    verdict = report.verdict()
+    gloo = sum(r.nproc > gpus for r in runs)
+    assert "READY" in verdict and "NOT READY" not in verdict
+    if gloo:
+        assert f"{len(runs) - gloo} over NCCL, {gloo} over gloo on CPU (more ranks than " \
+               f"the {gpus} GPU(s))" in verdict, verdict
+    else:
+        assert f"labs over NCCL ({len(runs)})" in verdict and "gloo" not in verdict, verdict
+
+
+def test_run_labs_survives_any_launch_error_and_shows_the_ranks_it_uses(monkeypatch):
+    import labkit.runtime.launch as launch
+    from labkit.runtime import pool
+    monkeypatch.setattr(pool, "warm", lambda *a, **k: None)
+
+    def boom(target, **kw):
+        raise OSError(24, "Too many open files")
+    monkeypatch.setattr(launch, "run_lab", boom)
+    shown = []
+    rows = workshop.run_labs(workshop.select_labs("hello,semantics"), nproc=3,
+                             progress=lambda run: shown.append((run.name, run.nproc)))
+    labs = [c for c in rows if "lab" in c.data]
+    assert [c.status for c in labs] == ["fail", "fail"] and "Too many open files" in labs[0].detail
+    assert shown == [("hello", 3), ("semantics", 3)]        # the ranks it launches, not 2 and 4
+
+
+def test_json_report_is_strict_json_on_every_path(monkeypatch, capsys, tmp_path):
+    from labkit.course.doctor import Check
+    odd = workshop.Preflight("h", [Check("all-reduce busbw", "warn", "", data={
+        "busbw": float("nan"), "share": float("inf"), "where": tmp_path, "sizes": (1, 2)})], 2)
+    got = json.loads(json.dumps(odd.to_dict(), allow_nan=False))
+    assert got["checks"][0]["data"] == {"busbw": None, "share": None, "where": str(tmp_path),
+                                        "sizes": [1, 2]}
+    keys = set(got)
+    # a check that raises is a failed row; the rest of the preflight still runs
+    import labkit.runtime.launch as launch
+    monkeypatch.setattr(workshop, "check_gpus", lambda: (Check("gpus", "ok", "2 GPU(s)"), 2))
+    monkeypatch.setattr(workshop, "check_nccl", lambda g: Check("nccl", "ok", "2.21.5"))
+
+    def broken(gpus):
+        raise RuntimeError("CUDA error: unknown error")
+    monkeypatch.setattr(workshop, "check_interconnect", broken)
+    monkeypatch.setattr(launch, "run_lab", lambda *a, **k: (_ for _ in ()).throw(
+        ValueError("nproc=2 is more ranks than this machine holds")))
+    monkeypatch.setattr(workshop, "warm_pool", lambda: Check("lab: warm pool", "info", ""))
+    report = workshop.preflight([])
+    rows = {c.name: c for c in report.checks}
+    assert rows["interconnect"].status == "fail" and "CUDA error" in rows["interconnect"].detail
+    assert rows["all-reduce busbw"].status == "fail" and "disk" in rows
+    assert set(json.loads(json.dumps(report.to_dict(), allow_nan=False))) == keys
+    # and the command prints a report with the same keys when the preflight itself breaks
+    monkeypatch.setattr(workshop, "preflight", lambda *a, **k: 1 / 0)
+    code, out, _ = run_main(capsys, "workshop", "check", "--labs", "hello", "--json")
+    got = json.loads(out)
+    assert code == 1 and set(got) == keys and got["ok"] is False
+    assert "NOT READY" in got["verdict"] and "ZeroDivisionError" in got["checks"][0]["detail"]
 
 
 def test_disk_check_fails_when_full(monkeypatch, tmp_path):

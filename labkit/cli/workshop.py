@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,7 +75,12 @@ def _check(args) -> int:
         if not args.json:
             print(f"  ... {run.name} ({run.nproc} ranks)", file=sys.stderr, flush=True)
 
-    report = workshop.preflight(runs, nproc=args.nproc, timeout=args.timeout, progress=progress)
+    t0 = time.monotonic()
+    try:
+        report = workshop.preflight(runs, nproc=args.nproc, timeout=args.timeout,
+                                    progress=progress)
+    except Exception as exc:      # still a report (and valid --json) that says so
+        report = workshop.failed_preflight(exc, time.monotonic() - t0)
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.text())
     return 0 if report.ok else 1
 

@@ -13,7 +13,7 @@
   write (labkit's own function, a collective in the ring exercise) or read solutions/.
 - `doctor`: is this machine ready for the course?
 - `workshop`: a workshop room's preflight (GPUs, NCCL, interconnect, all-reduce busbw, disk, every
-  lab timed) and its GPU-hour budget.
+  lab timed; the runs in `course_labs`) and its GPU-hour budget (`budget`).
 
 May import: every lower layer (cost models, views, runtime, parallel, labs). Never cli/.
 """

@@ -126,8 +126,8 @@ class FakeVoila:
 @pytest.fixture
 def fake_voila(monkeypatch):
     FakeVoila.started = []
-    monkeypatch.setattr(cli.subprocess, "Popen", FakeVoila)
-    monkeypatch.setattr(cli.signal, "signal", lambda *a: None)   # leave pytest's handlers alone
+    monkeypatch.setattr(subprocess, "Popen", FakeVoila)
+    monkeypatch.setattr(signal, "signal", lambda *a: None)   # leave pytest's handlers alone
     monkeypatch.setattr(cli.webbrowser, "open", lambda url: pytest.fail(f"opened {url}"))
     return FakeVoila.started
 

@@ -16,15 +16,13 @@ import argparse
 import errno
 import os
 import secrets
-import signal
 import socket
-import subprocess
 import sys
 import webbrowser
 from pathlib import Path
 
 import labkit
-from labkit.cli.course import port_number   # the same --port rule as labkit course
+from labkit.cli.course import port_number, serve   # --port's rule and the server's lifetime, as labkit course
 
 DEFAULT_PORT = 8866
 LOCAL, EVERYWHERE = "127.0.0.1", "0.0.0.0"
@@ -123,10 +121,6 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-browser", action="store_true", help="do not try to open a browser")
 
 
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
 def _env() -> dict[str, str]:
     """This environment's bin first on PATH, so the kernel Voila starts is this Python's."""
     env = dict(os.environ)
@@ -157,21 +151,8 @@ def run(args) -> int:
     for url in urls:
         print(f"    {url}", flush=True)
     print("Stop it with Ctrl-C.", flush=True)
-    # SIGTERM (a service manager, a test, `kill`) stops the server as Ctrl-C does.
-    signal.signal(signal.SIGTERM, _interrupt)
-    proc = subprocess.Popen(cmd, cwd=notebook_path().parent, env=_env())
-    try:
-        if not args.no_browser:
-            _open_when_listening(proc, port, urls[0])
-        return proc.wait()
-    except KeyboardInterrupt:
-        proc.terminate()          # Voila shuts its kernels down on SIGTERM
-        try:
-            proc.wait(timeout=30)
-        except (subprocess.TimeoutExpired, KeyboardInterrupt):
-            proc.kill()
-            proc.wait()
-        return 0
+    opener = None if args.no_browser else (lambda proc: _open_when_listening(proc, port, urls[0]))
+    return serve(cmd, cwd=notebook_path().parent, env=_env(), while_starting=opener)
 
 
 def _open_when_listening(proc, port: int, url: str, timeout: float = 60.0) -> None:

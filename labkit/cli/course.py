@@ -133,6 +133,28 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+def serve(cmd: list[str], *, cwd, env, while_starting=None) -> int:
+    """Run a Jupyter server (JupyterLab, Voila) in the foreground until it exits, Ctrl-C or
+    SIGTERM (a service manager, a test, `kill`), which stop it the same way: SIGTERM to the
+    server, which shuts its kernels down, and SIGKILL after 30 s. `while_starting(proc)` runs
+    first (e.g. open a browser once the port answers). Returns the server's exit status, 0 when
+    stopped."""
+    signal.signal(signal.SIGTERM, _interrupt)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env)
+    try:
+        if while_starting is not None:
+            while_starting(proc)
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            proc.kill()
+            proc.wait()
+        return 0
+
+
 def run(args) -> int:
     if args.no_auth and args.token is not None:
         print("labkit course: --token and --no-auth contradict each other; allowed: one of them",
@@ -145,19 +167,8 @@ def run(args) -> int:
     print(f"Starting JupyterLab on the course (127.0.0.1 only): open the URL it prints, {WELCOME}")
     print("with its token. `labkit` works in its terminals (File > New > Terminal). Stop it with Ctrl-C.",
           flush=True)
-    # SIGTERM (a service manager, a test, `kill`) stops the server the way Ctrl-C does, so the
-    # config directory below is removed instead of left in the temporary directory.
-    signal.signal(signal.SIGTERM, _interrupt)
+    # SIGTERM stops the server the way Ctrl-C does (serve), so the config directory below is
+    # removed instead of left in the temporary directory.
     with tempfile.TemporaryDirectory(prefix="labkit-course-") as config_dir:
         write_config(config_dir)
-        proc = subprocess.Popen(cmd, cwd=repo_root(), env=lab_env(config_dir))
-        try:
-            return proc.wait()
-        except KeyboardInterrupt:
-            proc.terminate()      # Jupyter shuts its kernels and terminals down on SIGTERM
-            try:
-                proc.wait(timeout=30)
-            except (subprocess.TimeoutExpired, KeyboardInterrupt):
-                proc.kill()
-                proc.wait()
-            return 0
+        return serve(cmd, cwd=repo_root(), env=lab_env(config_dir))

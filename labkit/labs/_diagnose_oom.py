@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 
 import torch
-import torch.distributed as tdist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from labkit.labs.ddp import positive_int
@@ -57,7 +56,8 @@ class Budgeted(measure.SavedActivations):
 
 
 def run(args, ctx) -> dict:
-    from labkit.labs.memory import MasterWeights, build_model, fused_dropout, lab_spec
+    from labkit.labs.memory import (MasterWeights, average_gradients, build_model,
+                                     fused_dropout, lab_spec)
 
     spec = lab_spec(args)
     torch.manual_seed(args.seed)
@@ -78,10 +78,7 @@ def run(args, ctx) -> dict:
             with Budgeted(model, held, args.budget, ctx.rank) as saved:
                 loss = model(input_ids=ids, labels=ids).loss
             loss.backward()
-        if ctx.world_size > 1:              # plain data parallelism: average every gradient
-            for p in model.parameters():
-                tdist.all_reduce(p.grad)
-                p.grad /= ctx.world_size
+        average_gradients(model, ctx.world_size)
         opt.step()
         opt.zero_grad(set_to_none=True)
         steps.append(dict(batch=b, held=held, activations=saved.bytes,

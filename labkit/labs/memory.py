@@ -120,6 +120,15 @@ class MasterWeights:
         return sum(m.untyped_storage().nbytes() for m in self.master)
 
 
+def average_gradients(model, world_size: int) -> None:
+    """Plain data parallelism after backward: every gradient all-reduced and divided by the
+    world size (gloo has no average); nothing with one rank."""
+    if world_size > 1:
+        for p in model.parameters():
+            tdist.all_reduce(p.grad)
+            p.grad /= world_size
+
+
 def build_model(spec, activation: str, dtype, attention: str = "eager"):
     """A transformers GPT2LMHeadModel or LlamaForCausalLM with random weights from `spec`
     (nothing downloaded). GPT-2 defaults to eager attention: Megatron's formula counts the s x s
@@ -189,10 +198,7 @@ def run(args, ctx) -> dict:
             with measure.SavedActivations(model) as saved:
                 loss = model(input_ids=ids, labels=ids).loss
             loss.backward()
-        if ctx.world_size > 1:      # plain data parallelism: average every gradient
-            for p in model.parameters():
-                tdist.all_reduce(p.grad)
-                p.grad /= ctx.world_size
+        average_gradients(model, ctx.world_size)
         opt.step()
         losses.append(loss.item())
         if last:     # measure before zero_grad: weights, gradients and states all alive

@@ -31,10 +31,16 @@ def serving(cmd: list[str], cwd, runtime_dir, env: dict | None = None, timeout: 
             time.sleep(0.2)
         yield info
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc, timeout=20)
         log.close()
+
+
+def stop_group(proc: subprocess.Popen, timeout: float = 20.0) -> None:
+    """SIGTERM to the process group of `proc` (started with start_new_session=True), SIGKILL
+    to it after `timeout` s; waits for `proc` either way."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

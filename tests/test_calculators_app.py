@@ -30,6 +30,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from lab_server import stop_group
 
 from labkit.cli import calculators as cli
 
@@ -286,12 +287,9 @@ def app_server(tmp_path_factory):
         pytest.skip("Chromium is not installed (apt-get install chromium)")
     pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
     pytest.importorskip("voila", reason="voila is not installed (pip install 'voila>=0.5,<0.6')")
-    from labkit.cli import COMMANDS
-
     tmp = tmp_path_factory.mktemp("app")
-    entry = (["-m", "labkit", "calculators"] if "calculators" in COMMANDS
-             else ["-m", "labkit.cli.calculators"])      # until the command is registered
-    cmd = [sys.executable, *entry, "--no-browser", "--port", "0", "--token", TOKEN]
+    cmd = [sys.executable, "-m", "labkit", "calculators", "--no-browser", "--port", "0",
+           "--token", TOKEN]
     log_path = tmp / "voila.log"
     env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
                JUPYTER_CONFIG_DIR=str(tmp / "config"), JUPYTER_DATA_DIR=str(tmp / "data"))
@@ -321,12 +319,7 @@ def app_server(tmp_path_factory):
             started = psutil.Process(proc.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             started = []
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc, timeout=30)
         _, alive = psutil.wait_procs(started, timeout=30)
         for p in alive:
             p.kill()

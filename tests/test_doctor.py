@@ -66,6 +66,17 @@ def test_topology_is_shown_when_nvidia_smi_exists(tmp_path, monkeypatch):
     assert check.status == "ok" and "NV18" in check.detail
 
 
+def test_a_failing_nvidia_smi_is_a_warning_with_its_error(tmp_path, monkeypatch):
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho 'Failed to initialize NVML: Driver/library version mismatch' >&2\nexit 9\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    check = doctor.check_topology()
+    assert check.status == "warn"
+    assert "nvidia-smi topo -m exited 9" in check.detail and "version mismatch" in check.detail
+    assert doctor.nvidia_smi("topo", "-m") == (None, check.detail)
+
+
 def test_bad_nproc_is_refused_on_stderr(capsys):
     assert doctor_cmd.run(_args(nproc=1)) == 2
     out, err = capsys.readouterr()

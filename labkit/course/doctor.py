@@ -119,17 +119,30 @@ def check_gpus() -> Check:
     return Check("gpus", "ok", "\n".join(lines), data={"count": n, "gpus": gpus})
 
 
-def check_topology() -> Check:
+NO_SMI = "nvidia-smi not found (no NVIDIA driver here)"
+
+
+def nvidia_smi(*args: str, timeout: float = 30) -> tuple[str | None, str | None]:
+    """(stdout, None) of `nvidia-smi ARGS`, or (None, why not): not installed, failed to run,
+    or a non-zero exit with its stderr."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
-        return Check("gpu topology", "info", "nvidia-smi not found (no NVIDIA driver here)")
+        return None, NO_SMI
+    what = " ".join(["nvidia-smi", *args])
     try:
-        out = subprocess.run([smi, "topo", "-m"], capture_output=True, text=True, timeout=20)
+        out = subprocess.run([smi, *args], capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return Check("gpu topology", "warn", f"nvidia-smi topo -m failed: {exc}")
+        return None, f"{what} failed: {exc}"
     if out.returncode != 0:
-        return Check("gpu topology", "warn", f"nvidia-smi topo -m exited {out.returncode}: {out.stderr.strip()}")
-    return Check("gpu topology", "ok", "nvidia-smi topo -m\n" + out.stdout.rstrip(), data={"topo": out.stdout})
+        return None, f"{what} exited {out.returncode}: {out.stderr.strip()}"
+    return out.stdout, None
+
+
+def check_topology() -> Check:
+    text, why = nvidia_smi("topo", "-m", timeout=20)
+    if text is None:
+        return Check("gpu topology", "info" if why == NO_SMI else "warn", why)
+    return Check("gpu topology", "ok", "nvidia-smi topo -m\n" + text.rstrip(), data={"topo": text})
 
 
 def check_backends() -> list[Check]:

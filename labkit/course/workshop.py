@@ -65,14 +65,14 @@ def _guarded(name: str, check, *args, **kwargs):
 
 
 def check_gpus() -> tuple[Check, int]:
-    import torch
-    n = 0
-    if torch.version.cuda and torch.cuda.is_available():
-        n = torch.cuda.device_count()
+    """The doctor's GPU row and the count; with none, a skip row saying why."""
+    c = doctor.check_gpus()
+    n = (c.data or {}).get("count", 0)
     if n == 0:
-        why = "CPU build of torch" if not torch.version.cuda else "no CUDA device visible"
-        return _skip("gpus", f"no CUDA ({why}): labs run on CPU over gloo"), 0
-    return doctor.check_gpus(), n
+        why = ("no CUDA (" + c.detail.removeprefix("none (") if c.detail.startswith("none (")
+               else f"no CUDA: {c.detail}")
+        return _skip("gpus", why), 0
+    return c, n
 
 
 def check_nccl(gpus: int) -> Check:

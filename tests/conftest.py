@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-collect_ignore_glob = ["fixtures/*", "labs/*", "lab_server.py"]
+collect_ignore_glob = ["fixtures/*", "lab_server.py"]
 
 # CI runs property tests on fixed examples: a run that passes passes again (locally hypothesis
 # keeps exploring new examples, which is how bugs are found).

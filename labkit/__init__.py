@@ -1,15 +1,10 @@
 """labkit: the package the Distributed Training Lab stands on.
 
-Layers, from pure to impure. A lower layer never imports a higher one (tests/test_layers.py):
-
-1. cost models, pure Python, no torch at import: `models`, `hardware`, `memory`, `flops`, `comm`,
-   `pipeline`, `validate` (top level: the names learners type, `from labkit.memory import ...`)
-2. views: `plots/` (matplotlib figures), `widgets/` (ipywidgets calculators)
-3. runtime: `runtime/` (launcher, what runs inside a rank, measurement)
-4. parallelism by hand: `parallel/` (reference implementations that run inside ranks)
-5. labs: `labs/` (`python -m labkit.labs.X`)
-6. course machinery: `course/` (grading, exercise generator, course map, doctor)
-7. the `labkit` command: `cli/`
+Layers, from pure to impure; a lower layer never imports a higher one (tests/test_layers.py):
+1 cost models (`models`, `memory`, `flops`, `comm`, `pipeline`, ...: pure Python, no torch at
+import), 2 views (`plots/`, `widgets/`), 3 `runtime/`, 4 `parallel/` (by hand, inside ranks),
+5 `labs/` (`python -m labkit.labs.X`), 6 `course/` (grading, exercises, doctor), 7 `cli/`.
+docs/labkit.md has the table; docs/runtime.md the runtime, course, command line and views.
 
 `from labkit import run_lab, LabError` works without importing torch until it is called.
 """
@@ -27,9 +22,6 @@ def __getattr__(name):
     import importlib
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
-    module = importlib.import_module("labkit._moved").resolve(name) if name != "_moved" else None
-    if module is not None:
-        return module
     raise AttributeError(f"module 'labkit' has no attribute {name!r}")
 
 
@@ -42,8 +34,3 @@ def load_ipython_extension(ipython):
     from labkit.runtime.magic import load_ipython_extension as load
 
     load(ipython)
-
-
-import labkit._moved  # noqa: E402  (old module paths, one release; see _moved.py)
-
-labkit._moved.install()

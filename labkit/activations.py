@@ -2,41 +2,39 @@
 
     >>> layer_terms("hf-llama", s=4096, b=1, h=4096, a=32, kv=8, ffn=14336)   # {term: bytes}
 
-Three implementations, each what its code saves (checked against saved-tensor hooks on real
-models in tests/test_activations.py, within 5%):
-
-- "megatron": Korthikanti et al. 2022 (§4.1, Table 2), a GPT layer as Megatron-LM runs it:
-  multi-head attention, a 4h GELU MLP, 16-bit values, 1-byte dropout masks. Per layer
-  s*b*h*(34 + 5*a*s/h) bytes without parallelism. Kept exactly as the paper has it (GQA and the
-  MLP width are not its variables).
-- "hf-gpt2": transformers' `GPT2LMHeadModel` (config defaults: dropout 0.1, `gelu_new`). Its
-  GELU is the tanh formula written as elementwise ops: five 4h-wide tensors kept, not two.
-- "hf-llama": transformers' `LlamaForCausalLM` (and Mistral, Qwen2: same layer). RMSNorm keeps
-  an fp32 copy of its input (4 bytes per value, whatever the dtype) besides its 16-bit output;
-  SwiGLU keeps four ffn-wide tensors (gate, silu(gate), up, their product); K and V are kept
-  num_kv_heads wide with SDPA, repeated to num_heads wide with eager attention. No dropout.
-
-Attention:
-- "eager": scores are materialised: a*s*s*b values per softmax output (Megatron: 16-bit
-  softmax output, 1-byte dropout mask, dropout output: the 5as/h term; transformers' Llama: the
-  softmax in fp32, 4 bytes, plus its 16-bit copy; GPT-2: softmax output in the dtype, plus the
-  mask and dropped probabilities when dropout is on).
-- "sdpa" (transformers' default, `attn_implementation="sdpa"`; the same bytes as FlashAttention):
-  a fused kernel keeps no scores, only Q, K, V, its output and a per-row log-sum-exp (fp32,
-  4*a*s*b bytes). With attention dropout on a CPU, torch's SDPA falls back to its math path,
-  which keeps fp32 scores; labkit counts the fused kernel (CUDA runs it with dropout too).
-
-Measured facts this relies on (CPU, torch 2.13, transformers 5.x; PROBES.md): LayerNorm keeps
-its mean and rstd in the input dtype (CUDA may keep them in fp32: 8/h sbh more); GPT-2's SDPA
-path keeps the fused QKV output plus contiguous copies of K and V, its eager path copies of Q, K
-and V (b > 1); SDPA's output is the output projection's input (one storage). Pure Python, no
-torch import.
+Implementations: "megatron" (Korthikanti et al. 2022, §4.1, Table 2), "hf-gpt2" and "hf-llama"
+(transformers' GPT-2 and Llama); attention "eager" or "sdpa". Each counts what its code saves,
+checked against saved-tensor hooks on real models in tests/cost/test_activations.py (within 5%);
+what each keeps is noted above `IMPLEMENTATIONS`, the measured facts behind it in `_terms` and
+PROBES.md. Pure Python, no torch import.
 """
 from __future__ import annotations
 
 from labkit import validate
 
+# What each implementation keeps:
+# - "megatron": Korthikanti et al. 2022 (§4.1, Table 2), a GPT layer as Megatron-LM runs it:
+#   multi-head attention, a 4h GELU MLP, 16-bit values, 1-byte dropout masks. Per layer
+#   s*b*h*(34 + 5*a*s/h) bytes without parallelism. Kept exactly as the paper has it (GQA and
+#   the MLP width are not its variables).
+# - "hf-gpt2": transformers' `GPT2LMHeadModel` (config defaults: dropout 0.1, `gelu_new`). Its
+#   GELU is the tanh formula written as elementwise ops: five 4h-wide tensors kept, not two.
+# - "hf-llama": transformers' `LlamaForCausalLM` (and Mistral, Qwen2: same layer). RMSNorm
+#   keeps an fp32 copy of its input (4 bytes per value, whatever the dtype) besides its 16-bit
+#   output; SwiGLU keeps four ffn-wide tensors (gate, silu(gate), up, their product); K and V
+#   are kept num_kv_heads wide with SDPA, repeated to num_heads wide with eager attention. No
+#   dropout.
 IMPLEMENTATIONS = ("megatron", "hf-gpt2", "hf-llama")
+# Attention:
+# - "eager": scores are materialised: a*s*s*b values per softmax output (Megatron: 16-bit
+#   softmax output, 1-byte dropout mask, dropout output: the 5as/h term; transformers' Llama:
+#   the softmax in fp32, 4 bytes, plus its 16-bit copy; GPT-2: softmax output in the dtype,
+#   plus the mask and dropped probabilities when dropout is on).
+# - "sdpa" (transformers' default, `attn_implementation="sdpa"`; the same bytes as
+#   FlashAttention): a fused kernel keeps no scores, only Q, K, V, its output and a per-row
+#   log-sum-exp (fp32, 4*a*s*b bytes). With attention dropout on a CPU, torch's SDPA falls back
+#   to its math path, which keeps fp32 scores; labkit counts the fused kernel (CUDA runs it
+#   with dropout too).
 ATTENTIONS = ("eager", "sdpa")
 FP32 = 4
 
@@ -69,7 +67,13 @@ def resolve(implementation, attention, dropout, spec=None) -> tuple[str, str, bo
 
 def _terms(impl, attention, dropout, h, q, kv, f, a, kv_len, vb, b):
     """{name: (bytes per token, how tp splits it)}: "whole" (h-wide, split only by sequence
-    parallelism), "split" (per head or ffn-wide), "score" (per attention score, split)."""
+    parallelism), "split" (per head or ffn-wide), "score" (per attention score, split).
+
+    Measured facts this relies on (CPU, torch 2.13, transformers 5.x; PROBES.md): LayerNorm
+    keeps its mean and rstd in the input dtype (CUDA may keep them in fp32: 8/h sbh more);
+    GPT-2's SDPA path keeps the fused QKV output plus contiguous copies of K and V, its eager
+    path copies of Q, K and V (b > 1); SDPA's output is the output projection's input (one
+    storage)."""
     mask = 1 if dropout else 0
     if impl == "megatron":
         out = {"norm inputs": (2 * vb * h, "whole"), "qkv and mlp inputs": (2 * vb * h, "whole"),

@@ -1,22 +1,13 @@
 """Collective costs: alpha-beta times, nccl-tests' algbw/busbw, and what each strategy sends.
 
-The size convention, the same everywhere in this module and the same as nccl-tests
-(NVIDIA/nccl-tests, doc/PERFORMANCE.md): `nbytes` (S) is the size of the *whole* buffer of the
-operation:
-- all_reduce, broadcast, reduce: the buffer each rank holds;
-- all_gather: the gathered output (n x each rank's input);
-- reduce_scatter: the input before scattering (n x each rank's output);
-- all_to_all: each rank's whole send buffer (n chunks of S / n);
-- send_recv: the message.
+    >>> collective_time("all_reduce", 1e9, 8, bandwidth=450e9, latency=5e-6)   # seconds
+    >>> step_communication("zero3", "llama2-7b", dp=8).by_op    # {op: (count, bytes sent)}
 
-nccl-tests: algbw = S / t; busbw = algbw x factor, with factor 2(n-1)/n for all_reduce,
-(n-1)/n for all_gather, reduce_scatter and all_to_all, 1 for broadcast, reduce and send_recv.
-busbw is the per-rank, per-direction link speed a ring-optimal algorithm would need, so it can
-be compared with `labkit.hardware.LINKS[...].bandwidth` whatever n is.
-
-Times are alpha-beta: t = steps * alpha + bytes on the busiest link / bandwidth (Hockney 1994;
-Thakur, Rabenseifner and Gropp 2005 for the ring and tree algorithms), with `bandwidth` per
-rank per direction and `latency` = alpha per step.
+`nbytes` (S) is always the size of the *whole* buffer of the operation, as in nccl-tests
+(NVIDIA/nccl-tests, doc/PERFORMANCE.md; what that is per op: above `OPS`). Times are alpha-beta:
+t = steps * alpha + bytes on the busiest link / bandwidth (Hockney 1994; Thakur, Rabenseifner and
+Gropp 2005 for the ring and tree algorithms), `bandwidth` per rank per direction, `latency` =
+alpha per step.
 """
 from __future__ import annotations
 
@@ -25,6 +16,12 @@ import math
 
 from labkit import validate
 
+# The size convention (nccl-tests'), the same everywhere in this module: `nbytes` (S) is
+# - all_reduce, broadcast, reduce: the buffer each rank holds;
+# - all_gather: the gathered output (n x each rank's input);
+# - reduce_scatter: the input before scattering (n x each rank's output);
+# - all_to_all: each rank's whole send buffer (n chunks of S / n);
+# - send_recv: the message.
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all",
        "send_recv")
 ALGORITHMS = ("ring", "tree")
@@ -32,7 +29,12 @@ _TREE_OPS = ("all_reduce", "broadcast", "reduce")
 
 
 def bus_factor(op: str, world_size: int) -> float:
-    """nccl-tests' busbw / algbw factor for `op` on `world_size` ranks."""
+    """nccl-tests' busbw / algbw factor for `op` on `world_size` ranks.
+
+    nccl-tests: algbw = S / t; busbw = algbw x factor, with factor 2(n-1)/n for all_reduce,
+    (n-1)/n for all_gather, reduce_scatter and all_to_all, 1 for broadcast, reduce and
+    send_recv. busbw is the per-rank, per-direction link speed a ring-optimal algorithm would
+    need, so it can be compared with `labkit.hardware.LINKS[...].bandwidth` whatever n is."""
     validate.choice("op", op, OPS)
     n = validate.positive_int("world_size", world_size, validate.MAX_RANKS)
     if op == "all_reduce":
@@ -69,7 +71,7 @@ def bytes_sent_per_rank(op, nbytes, world_size) -> float:
 def collective_time(op, nbytes, world_size, bandwidth, latency=0.0, algorithm="ring") -> float:
     """Seconds for one collective under the alpha-beta model.
 
-    ring (n ranks, S = nbytes as in the module docstring, B = bandwidth, alpha = latency):
+    ring (n ranks, S = nbytes as noted above `OPS`, B = bandwidth, alpha = latency):
       all_reduce                  2(n-1) alpha + 2(n-1)/n S/B   (reduce-scatter + all-gather)
       all_gather, reduce_scatter  (n-1) alpha + (n-1)/n S/B
       all_to_all                  (n-1) alpha + (n-1)/n S/B     (pairwise exchange, full bisection)

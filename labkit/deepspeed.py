@@ -1,17 +1,13 @@
-"""DeepSpeed's ZeRO configuration as data: each key of the `zero_optimization` section that
-stages 1-3 and offload use, what it does, what labkit's hand-built ZeRO (`labkit.parallel.zero`)
-does instead, and the FSDP2 (`torch.distributed.fsdp.fully_shard`) option closest to it; a
-builder for the JSON config; why DeepSpeed's pipeline engine takes only ZeRO-0/1.
+"""DeepSpeed's ZeRO configuration as data: each `zero_optimization` key of stages 1-3 and offload,
+what labkit's ZeRO (`labkit.parallel.zero`) and FSDP2's closest option (`fully_shard`) do
+instead; a builder for the JSON config; why DeepSpeed's pipeline engine takes only ZeRO-0/1.
 
     >>> deepspeed_config(3, offload_optimizer=True, offload_param=True)   # a dict, json.dumps it
     >>> key_rows()            # (key, stages, default, what it does, labkit, FSDP2) per key
     >>> check_pipeline(2)     # ValueError quoting DeepSpeed's PipelineEngine
 
-Key names, defaults and descriptions are DeepSpeed's configuration reference (DEEPSPEED_DOCS:
-sections "ZeRO Optimizations for FP16 Training", "Parameter offloading", "Optimizer
-offloading"). FSDP2's options are torch 2.13's `fully_shard(module, *, mesh,
-reshard_after_forward, shard_placement_fn, mp_policy, offload_policy, ignored_params)` and the
-`FSDPModule` methods. Pure data, no torch, no deepspeed import.
+Sources: DeepSpeed's configuration reference (`DEEPSPEED_DOCS`); torch 2.13's `fully_shard` and
+`FSDPModule` (the options are listed above `KEYS`). Pure data, no torch, no deepspeed import.
 """
 from __future__ import annotations
 
@@ -53,6 +49,11 @@ class Key:
 
 _S3 = (3,)
 _ALL = (1, 2, 3)
+# Key names, defaults and descriptions are DeepSpeed's configuration reference (DEEPSPEED_DOCS:
+# sections "ZeRO Optimizations for FP16 Training", "Parameter offloading", "Optimizer
+# offloading"). FSDP2's options are torch 2.13's `fully_shard(module, *, mesh,
+# reshard_after_forward, shard_placement_fn, mp_policy, offload_policy, ignored_params)` and the
+# `FSDPModule` methods.
 KEYS: tuple[Key, ...] = (
     Key("stage", (0, 1, 2, 3), 0,
         "0 off; 1 partitions optimizer states; 2 also gradients; 3 also parameters",

@@ -7,23 +7,7 @@ the cost models (no formula of its own beyond adding their results up).
     >>> ft = finetune_run("llama3-8b", gpus=8)           # full fine-tune: what fits on 8 GPUs
     >>> lc = long_context_run("llama3-8b", seq_len=2**20)   # the CP degree a 1M context needs
 
-- Pre-training (`pretraining_run`): the planner's fastest layout (`labkit.planner.plan`, CP
-  left off: context parallelism is for sequences too long for one GPU) gives the memory per
-  GPU, the step time and the MFU; the tokens the GPUs train in `days` follow from MFU:
-  tokens = days x 86,400 x gpus x peak x MFU / FLOPs per token (`labkit.flops`: 6N + the
-  attention term), compared with Chinchilla's rule of about 20 tokens per parameter (Hoffmann
-  et al. 2022). Checkpoints (`labkit.resilience`): 12 B/param written at `ckpt_bandwidth`,
-  the job's MTBF 1 / (gpus x rate), Young's interval sqrt(2 delta M), the time lost, the
-  failures expected over the run, and the tokens left after that loss.
-- Full fine-tuning (`finetune_run`): `labkit.memory.estimate_memory` for every ZeRO stage and
-  recompute mode over the data-parallel GPUs, which fit, and the planner's fastest layout.
-  LoRA is out of scope: labkit's memory model has no frozen-weight policy, so it cannot cost
-  adapters honestly (`LORA_SCOPE`).
-- Long context (`long_context_run`): memory per GPU against the CP degree (planner's
-  `evaluate`, FSDP over the CP ranks, tensor + sequence parallelism inside a node), the
-  smallest CP degree that fits, and ring attention's K/V send per hop against the attention
-  compute it hides behind.
-Pure Python (layer 1): no torch.
+How each case is worked, and from which model, is in its function's docstring. Pure Python.
 """
 from __future__ import annotations
 
@@ -136,7 +120,16 @@ def pretraining_run(model="llama3-70b", gpus=512, gpu="h100-sxm", days=30, *, se
     the dense peak the matmuls reach, the planner's `mfu`; the MFU reported counts the
     communication and bubble too), the tokens trained in `days`, checkpoints and failures
     (`daily_failure_rate` per GPU, a fraction; `ckpt_bandwidth` bytes/s in aggregate;
-    `restart_seconds` lost per failure). min_cp_tokens: default seq_len (no CP)."""
+    `restart_seconds` lost per failure). min_cp_tokens: default seq_len (no CP).
+
+    The planner's fastest layout (`labkit.planner.plan`, CP left off: context parallelism is
+    for sequences too long for one GPU) gives the memory per GPU, the step time and the MFU;
+    the tokens the GPUs train in `days` follow from MFU: tokens = days x 86,400 x gpus x peak x
+    MFU / FLOPs per token (`labkit.flops`: 6N + the attention term), compared with Chinchilla's
+    rule of about 20 tokens per parameter (Hoffmann et al. 2022). Checkpoints
+    (`labkit.resilience`): 12 B/param written at `ckpt_bandwidth`, the job's MTBF
+    1 / (gpus x rate), Young's interval sqrt(2 delta M), the time lost, the failures expected
+    over the run, and the tokens left after that loss."""
     spec = get_model(model)
     s = validate.positive_int("seq_len", seq_len, validate.MAX_SEQ_LEN)
     bt = validate.positive_int("global_batch_tokens", global_batch_tokens, 10**12)
@@ -233,7 +226,10 @@ def finetune_run(model="llama3-8b", gpus=8, gpu="h100-sxm", *, seq_len=8192, mic
     """Full fine-tuning of `model` on `gpus` x `gpu` (bf16-mixed AdamW): the memory per GPU of
     data parallelism over all the GPUs at each ZeRO stage (0: DDP, 3: FSDP) and recompute mode,
     micro-batches of `micro_batch` sequences of `seq_len`; and the planner's fastest layout for
-    `global_batch` sequences a step, with the hours `tokens` (the fine-tuning set) take."""
+    `global_batch` sequences a step, with the hours `tokens` (the fine-tuning set) take.
+
+    Memory from `labkit.memory.estimate_memory`. LoRA is out of scope: labkit's memory model
+    has no frozen-weight policy, so it cannot cost adapters honestly (`LORA_SCOPE`)."""
     spec = get_model(model)
     g = validate.positive_int("gpus", gpus, validate.MAX_RANKS)
     t = validate.positive("tokens", tokens, 1e18)

@@ -1,23 +1,12 @@
 """Training FLOPs and utilisation (MFU, HFU). Pure Python.
 
-Per token, a training step (forward + backward) costs
+    >>> flops_per_token("llama2-7b", seq_len=4096)      # 6N + 12 L (a d_head) s, model FLOPs
+    >>> mfu("llama2-7b", tokens_per_second=3000, gpu="h100-sxm")
 
-    6 * N  +  12 * L * (a * d_head) * s          FLOPs  (model FLOPs)
-
-- 6N: every parameter used in a matrix multiply costs 2 FLOPs per token forward and 4 backward
-  (Kaplan et al. 2020, §2.1). N here counts the LM head (a real matmul, tied or not) and leaves
-  out the embedding lookups (a gather, no FLOPs); norms and biases are counted too (tiny).
-- 12 L a d_head s: the attention scores Q K^T and their product with V, 4 * s * a * d_head FLOPs
-  per token per layer forward, times 3 for training (Chowdhery et al. 2022, PaLM, Appendix B;
-  the same term appears in Narayanan et al. 2021, eq. 3). Causal masking is not discounted, as
-  in PaLM and Megatron-LM; Kaplan et al. count half (2 n_layer n_ctx d_attn forward); pass
-  `causal=True` for that convention.
-
-MFU = model FLOPs achieved / peak (PaLM, Appendix B). HFU also counts the FLOPs the hardware
-spends recomputing activations (Korthikanti et al. 2022, §6): full recompute repeats the
-layers' forward (+ 2 N_layers + 4 L a d_head s per token, Narayanan et al. 2021's 96 B s l h^2
-form; the head is not recomputed); selective recompute repeats only the attention core
-(+ 4 L a d_head s, or half that with `causal=True`).
+Per token a training step costs 6N + 12 L (a d_head) s FLOPs: 6N from Kaplan et al. 2020
+(§2.1), the attention term from PaLM (Chowdhery et al. 2022, Appendix B). MFU = model FLOPs
+achieved / peak (PaLM, Appendix B); HFU also counts recomputation (Korthikanti et al. 2022, §6).
+What each term counts, and what it leaves out: `flops_per_token`.
 """
 from __future__ import annotations
 
@@ -54,7 +43,23 @@ def flops_per_token(model, seq_len=None, causal=False, recompute="none",
                     hardware=False) -> float:
     """Training FLOPs per token: model FLOPs 6N + 3 * attention, or (hardware=True) what the
     GPU executes including recomputation. `model` may be a plain parameter count (then 6N
-    only: no shapes, no attention term)."""
+    only: no shapes, no attention term).
+
+        6 * N  +  12 * L * (a * d_head) * s          FLOPs  (model FLOPs)
+
+    - 6N: every parameter used in a matrix multiply costs 2 FLOPs per token forward and 4
+      backward (Kaplan et al. 2020, §2.1). N here counts the LM head (a real matmul, tied or
+      not) and leaves out the embedding lookups (a gather, no FLOPs); norms and biases are
+      counted too (tiny).
+    - 12 L a d_head s: the attention scores Q K^T and their product with V, 4 * s * a * d_head
+      FLOPs per token per layer forward, times 3 for training (Chowdhery et al. 2022, PaLM,
+      Appendix B; the same term appears in Narayanan et al. 2021, eq. 3). Causal masking is not
+      discounted, as in PaLM and Megatron-LM; Kaplan et al. count half (2 n_layer n_ctx d_attn
+      forward); pass `causal=True` for that convention.
+    - hardware=True (HFU's count, Korthikanti et al. 2022, §6): full recompute repeats the
+      layers' forward (+ 2 N_layers + 4 L a d_head s per token, Narayanan et al. 2021's
+      96 B s l h^2 form; the head is not recomputed); selective recompute repeats only the
+      attention core (+ 4 L a d_head s, or half that with `causal=True`)."""
     validate.choice("recompute", recompute, RECOMPUTE)
     n, spec = _matmul_params(model)
     attn = 0.0

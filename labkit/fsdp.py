@@ -5,38 +5,9 @@
     >>> m.params, m.unsharded_peak, m.total; print(m.table())
     >>> fsdp_communication("llama2-7b", dp=8, reshard_after_forward=4).by_op
 
-The units are `labkit.parallel.fsdp.shard_model`'s: `fully_shard` on every transformer block,
-then on the root (embeddings, final norm, LM head, learned positions). What FSDP2 allocates
-(torch 2.13, torch/distributed/fsdp/_fully_shard: _fsdp_param.py, _fsdp_collectives.py,
-_fsdp_param_group.py), for the busiest rank (rank 0) of N:
-
-- each parameter is split on dim 0 with torch.chunk: rank 0 keeps ceil(d0 / N) rows, and the
-  shard is stored padded to that size on every rank (`padded_sharded_param_size`), so a
-  dimension that N does not divide costs padding (FSDP2 "pads dim 0 to a multiple of N");
-- the sharded parameters stay in the model's dtype (fp32 here: the master copy), the sharded
-  gradients too (the reduce-scatter output is cast back to it), AdamW's two moments are
-  `zeros_like` the local shard (8 bytes per element), and AdamW keeps one 4-byte `step` tensor
-  per parameter tensor (`steps`, apart: on the CPU for the non-fused optimizer);
-- each parameter's all-gather output (`FSDPParam.all_gather_outputs`, the storage of the
-  unsharded parameter) is N x its padded shard in `param_dtype`; reshard_after_forward=k keeps
-  the 1/k slice of it after the forward (`_sharded_post_forward_param_data`).
-
-Exact (equal to FSDP2's storage bytes): params, grads, optimizer_states, steps, host,
-unsharded_held and unsharded_peak (`unsharded_bytes`); labkit.labs.fsdp --part options measures
-all but steps at ratio 1.000 for every option, on Llama and GPT-2.
-
-Not modelled, on purpose: the flat all-gather output of each unit (N x its shards, copied out
-into the parameters), the unsharded gradients and the reduce-scatter input (N x the shard in
-`reduce_dtype`). Their lifetimes are set by local references inside FSDP2 (`wait_for_unshard`
-keeps the previous forward all-gather in a local until it returns; `comm_ctx.all_gather_state`
-keeps the last forward one until the next copy-out or the root's post-forward;
-`comm_ctx.reduce_scatter_states` keeps one reduce-scatter input until the next unit's
-post-backward), by autograd's order of gradient accumulation inside a block (the root's head
-gradient lives through the whole backward, its embedding gradient only at the end) and, on a
-GPU, by stream-ordered freeing; a sum of them was checked against a measurement and was off
-(4-rank Llama 1.459, GPT-2 0.863), so it is not given. `total` is therefore a lower bound of
-the step's peak; the lab reports torch's FSDPMemTracker peak by category beside it. Activations
-are `labkit.memory.estimate_memory`'s. The FSDP1 -> FSDP2 table is `labkit.fsdp_migrate`.
+The units are `labkit.parallel.fsdp.shard_model`'s; the bytes are read from torch 2.13's
+torch/distributed/fsdp/_fully_shard. What is exact, what is not modelled and why: `fsdp_memory`.
+Activations are `labkit.memory.estimate_memory`'s; FSDP1 -> FSDP2 is `labkit.fsdp_migrate`.
 """
 from __future__ import annotations
 
@@ -208,7 +179,7 @@ class FSDPMemory:
     def total(self) -> float:
         """Sharded states (0 under offload) + the unsharded-parameter peak: a lower bound of the
         device bytes at the step's peak (activations, unsharded gradients and the collectives'
-        flat buffers are not counted: see the module)."""
+        flat buffers are not counted: see `fsdp_memory`)."""
         return self.model_states + self.unsharded_peak
 
     def table(self) -> str:
@@ -245,12 +216,44 @@ def unsharded_bytes(unit_bytes: list, per_block: bool, reshard_after_forward) ->
 
 def fsdp_memory(model, dp, *, per_block=True, reshard_after_forward=True, param_dtype="fp32",
                 reduce_dtype=None, prefetch=0, optimizer="adamw", offload=False) -> FSDPMemory:
-    """Per-rank bytes of `model` under FSDP2 on `dp` ranks (see the module for what is exact).
+    """Per-rank bytes of `model` under FSDP2 on `dp` ranks (what is exact: below).
 
     per_block, reshard_after_forward (True, False or an int k), param_dtype / reduce_dtype
     ("fp32", "bf16", "fp16"; reduce None = param_dtype), prefetch (units gathered ahead, 0 =
     FSDP2's implicit prefetching), optimizer ("adamw", "adam", "sgd-momentum", "sgd"), offload
-    (CPUOffloadPolicy: sharded params, grads and the optimizer on the host, in `.host`)."""
+    (CPUOffloadPolicy: sharded params, grads and the optimizer on the host, in `.host`).
+
+    The units are `fully_shard` on every transformer block, then on the root (embeddings, final
+    norm, LM head, learned positions). What FSDP2 allocates (torch 2.13,
+    torch/distributed/fsdp/_fully_shard: _fsdp_param.py, _fsdp_collectives.py,
+    _fsdp_param_group.py), for the busiest rank (rank 0) of N:
+    - each parameter is split on dim 0 with torch.chunk: rank 0 keeps ceil(d0 / N) rows, and
+      the shard is stored padded to that size on every rank (`padded_sharded_param_size`), so
+      a dimension that N does not divide costs padding (FSDP2 "pads dim 0 to a multiple of N");
+    - the sharded parameters stay in the model's dtype (fp32 here: the master copy), the
+      sharded gradients too (the reduce-scatter output is cast back to it), AdamW's two moments
+      are `zeros_like` the local shard (8 bytes per element), and AdamW keeps one 4-byte `step`
+      tensor per parameter tensor (`steps`, apart: on the CPU for the non-fused optimizer);
+    - each parameter's all-gather output (`FSDPParam.all_gather_outputs`, the storage of the
+      unsharded parameter) is N x its padded shard in `param_dtype`; reshard_after_forward=k
+      keeps the 1/k slice of it after the forward (`_sharded_post_forward_param_data`).
+
+    Exact (equal to FSDP2's storage bytes): params, grads, optimizer_states, steps, host,
+    unsharded_held and unsharded_peak (`unsharded_bytes`); labkit.labs.fsdp --part options
+    measures all but steps at ratio 1.000 for every option, on Llama and GPT-2.
+
+    Not modelled, on purpose: the flat all-gather output of each unit (N x its shards, copied
+    out into the parameters), the unsharded gradients and the reduce-scatter input (N x the
+    shard in `reduce_dtype`). Their lifetimes are set by local references inside FSDP2
+    (`wait_for_unshard` keeps the previous forward all-gather in a local until it returns;
+    `comm_ctx.all_gather_state` keeps the last forward one until the next copy-out or the
+    root's post-forward; `comm_ctx.reduce_scatter_states` keeps one reduce-scatter input until
+    the next unit's post-backward), by autograd's order of gradient accumulation inside a block
+    (the root's head gradient lives through the whole backward, its embedding gradient only at
+    the end) and, on a GPU, by stream-ordered freeing; a sum of them was checked against a
+    measurement and was off (4-rank Llama 1.459, GPT-2 0.863), so it is not given. `total` is
+    therefore a lower bound of the step's peak; the lab reports torch's FSDPMemTracker peak by
+    category beside it."""
     spec, dp, rs, pb, _ = _checked(model, dp, per_block, reshard_after_forward, param_dtype,
                                    reduce_dtype)
     validate.choice("optimizer", optimizer, OPTIMIZERS)

@@ -6,24 +6,27 @@ and DeepSpeed ZeRO-3's keys with theirs (`labkit.deepspeed.KEYS`' fsdp2 column).
     >>> print(fsdp2_equivalent("SHARD_GRAD_OP", param_dtype="bf16", cpu_offload=True))
     >>> deepspeed_zero3_rows()     # (DeepSpeed key, FSDP2 equivalent)
 
-Checked against torch 2.13: `FullyShardedDataParallel.__init__(module, process_group,
-sharding_strategy, cpu_offload, auto_wrap_policy, backward_prefetch, mixed_precision,
-ignored_modules, param_init_fn, device_id, sync_module_states, forward_prefetch,
-limit_all_gathers, use_orig_params, ignored_states, device_mesh)`, `ShardingStrategy` (FULL_SHARD,
-SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, _HYBRID_SHARD_ZERO2), `BackwardPrefetch` (BACKWARD_PRE,
-BACKWARD_POST), `MixedPrecision(param_dtype, reduce_dtype, buffer_dtype, ...)`,
-`CPUOffload(offload_params)`; `fully_shard(module, *, mesh, reshard_after_forward,
-shard_placement_fn, mp_policy, offload_policy, ignored_params)`, `MixedPrecisionPolicy(param_dtype,
-reduce_dtype, output_dtype, cast_forward_inputs)`, `CPUOffloadPolicy(pin_memory)` and the
-`FSDPModule` methods; the FSDP2 docs (docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard)
-and the tutorial's "FSDP1-to-FSDP2 migration guide" (docs.pytorch.org/tutorials/intermediate/
-FSDP_tutorial.html). Pure data, no torch import.
+Checked against torch 2.13's signatures (listed above `FSDP1_TO_FSDP2`), the FSDP2 docs and the
+tutorial's "FSDP1-to-FSDP2 migration guide". Pure data, no torch import.
 """
 from __future__ import annotations
 
 from labkit import validate
 from labkit.deepspeed import KEYS
 
+# Checked against torch 2.13: `FullyShardedDataParallel.__init__(module, process_group,
+# sharding_strategy, cpu_offload, auto_wrap_policy, backward_prefetch, mixed_precision,
+# ignored_modules, param_init_fn, device_id, sync_module_states, forward_prefetch,
+# limit_all_gathers, use_orig_params, ignored_states, device_mesh)`, `ShardingStrategy`
+# (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, _HYBRID_SHARD_ZERO2), `BackwardPrefetch`
+# (BACKWARD_PRE, BACKWARD_POST), `MixedPrecision(param_dtype, reduce_dtype, buffer_dtype, ...)`,
+# `CPUOffload(offload_params)`; `fully_shard(module, *, mesh, reshard_after_forward,
+# shard_placement_fn, mp_policy, offload_policy, ignored_params)`,
+# `MixedPrecisionPolicy(param_dtype, reduce_dtype, output_dtype, cast_forward_inputs)`,
+# `CPUOffloadPolicy(pin_memory)` and the `FSDPModule` methods; the FSDP2 docs
+# (docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard) and the tutorial's
+# "FSDP1-to-FSDP2 migration guide" (docs.pytorch.org/tutorials/intermediate/FSDP_tutorial.html).
+#
 # (FSDP1 argument, value, FSDP2 equivalent, why / how)
 FSDP1_TO_FSDP2: tuple[tuple[str, str, str, str], ...] = (
     ("sharding_strategy", "ShardingStrategy.FULL_SHARD",

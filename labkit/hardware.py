@@ -1,18 +1,11 @@
-"""Hardware numbers in one table, each with its source.
+"""Hardware numbers in one table, each with its source: `GPUS` and `LINKS`.
 
-Units, everywhere in this module:
-- memory in bytes, read from the vendor's capacity label with GB = 1e9 (so "80 GB" -> 80e9
-  bytes). This is a conservative convention: an H100 80GB reports about 85.0e9 bytes (79.2 GiB)
-  to `torch.cuda.get_device_properties(0).total_memory`, and an A100 40GB about 42.3e9 bytes
-  (39.4 GiB), of which the CUDA context and the caching allocator take some. A plan that fits in
-  the label's bytes fits on the device. `GPU.memory_gib` gives the same number in GiB.
-- compute in FLOP/s, *dense* (NVIDIA's datasheets print tensor-core figures "with sparsity",
-  2:4 structured sparsity, which is exactly twice the dense figure; training uses dense).
-- link bandwidth in bytes/s *per direction* (`Link.bandwidth`); `Link.bidirectional` is the sum
-  of both directions, the figure NVLink and PCIe marketing quote; `Link.quoted` keeps the
-  vendor's own words and units (Gb/s for network ports, which are per direction, 8 bits/byte).
-- latency in seconds: a typical one-message latency (the alpha of an alpha-beta model). These
-  are orders of magnitude, not vendor specifications; measure yours with `labkit bench`.
+    >>> get_gpu("h100-sxm").flops("bf16"), get_gpu("h100-sxm").memory   # dense FLOP/s, bytes
+    >>> get_link("nvlink4").bandwidth                                    # bytes/s per direction
+
+Units, everywhere in this module: memory in bytes read from the label's GB (1e9), compute in
+dense FLOP/s, link bandwidth in bytes/s per direction, latency in seconds (an order of
+magnitude: measure yours with `labkit bench`). Why each convention: above `GPU` and `Link`.
 """
 from __future__ import annotations
 
@@ -25,6 +18,13 @@ GiB = 2**30
 T = 1e12
 
 
+# Memory in bytes, read from the vendor's capacity label with GB = 1e9 (so "80 GB" -> 80e9
+# bytes). This is a conservative convention: an H100 80GB reports about 85.0e9 bytes (79.2 GiB)
+# to `torch.cuda.get_device_properties(0).total_memory`, and an A100 40GB about 42.3e9 bytes
+# (39.4 GiB), of which the CUDA context and the caching allocator take some. A plan that fits in
+# the label's bytes fits on the device. `GPU.memory_gib` gives the same number in GiB.
+# Compute in FLOP/s, *dense* (NVIDIA's datasheets print tensor-core figures "with sparsity",
+# 2:4 structured sparsity, which is exactly twice the dense figure; training uses dense).
 @dataclass(frozen=True)
 class GPU:
     name: str
@@ -42,6 +42,11 @@ class GPU:
         return self.peak_flops[validate.choice("dtype", dtype, self.peak_flops)]
 
 
+# Link bandwidth in bytes/s *per direction* (`Link.bandwidth`); `Link.bidirectional` is the sum
+# of both directions, the figure NVLink and PCIe marketing quote; `Link.quoted` keeps the
+# vendor's own words and units (Gb/s for network ports, which are per direction, 8 bits/byte).
+# Latency in seconds: a typical one-message latency (the alpha of an alpha-beta model). These
+# are orders of magnitude, not vendor specifications; measure yours with `labkit bench`.
 @dataclass(frozen=True)
 class Link:
     name: str

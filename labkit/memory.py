@@ -3,24 +3,10 @@
     >>> m = estimate_memory("llama2-7b", batch_size=1, seq_len=4096, zero_stage=3, dp=8)
     >>> m.params, m.grads, m.optimizer_states, m.activations, m.total      # bytes per GPU
 
-Model states (Rajbhandari et al. 2020, "ZeRO", §3.1 and Figure 1): mixed-precision Adam keeps
-2 bytes of fp16/bf16 weights and 2 bytes of gradients per parameter, plus K = 12 bytes of
-optimizer state (4 fp32 master weights, 4 momentum, 4 variance): 16 bytes per parameter. ZeRO
-stage 1 partitions the optimizer states over the dp ranks, stage 2 also the gradients, stage 3
-also the weights. What other stacks keep is an option: fp32 gradients (`grad_accum`: Megatron-LM's
-18 B/param, DeepSpeed's and the Ultra-Scale Playbook's 20), CPU offload (`offload`, host bytes in
-`.host`), ZeRO-3's gathered unit (`largest_layer`), FP8 matmuls (precision="fp8-mixed"): see
-`labkit.precision` and `labkit.placement`.
-
-Activations: bytes stored for the backward pass per transformer layer, term by term for the
-implementation that runs the model (`labkit.activations`, each checked against saved-tensor hooks
-on real models): implementation="megatron" is Korthikanti et al. 2022 ("Reducing Activation
-Recomputation in Large Transformer Models", §4 and Table 2: a GPT layer, 16-bit activations,
-1-byte dropout masks); "hf-gpt2" and "hf-llama" are transformers' GPT-2 and Llama (the defaults
-for those models, with SDPA attention, which keeps no s x s scores). With precision="fp32" the
-forward stores fp32 values: 4 bytes for each value counted at 2 (the masks stay 1 byte).
-
-Everything here is pure Python (no torch import); results are bytes per GPU.
+Model states: ZeRO (Rajbhandari et al. 2020, §3.1), counted in `labkit.placement`. Activations:
+Korthikanti et al. 2022 (§4, Table 2) or what transformers' GPT-2 and Llama keep, term by term
+in `labkit.activations`. How the two combine, and every option: `estimate_memory`. Pure Python
+(no torch import); results are bytes per GPU.
 """
 from __future__ import annotations
 
@@ -30,49 +16,18 @@ import numbers
 
 from labkit import activations, validate
 from labkit.hardware import GB, GiB, get_gpu
-from labkit.models import ModelSpec, get_model
-from labkit.placement import OFFLOAD, check_placement, describe_placement, model_states
+from labkit.models import get_model
+# Bytes per parameter, parameters per stage and where the states live come from placement,
+# which sits below this module (it must not import memory); re-exported here, where the course
+# imports them from.
+from labkit.placement import (FP8_PRECISIONS, OFFLOAD, OPTIMIZERS, PRECISIONS, _stage_layers,
+                              check_placement, describe_placement, model_states, stage_params,
+                              state_bytes)
 from labkit.precision import GRAD_ACCUM, gradient_bytes
 
-PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16")
-# Accepted by the estimators, kept out of PRECISIONS (what the CPU labs and exercises run).
-FP8_PRECISIONS = ("fp8-mixed",)
-OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw", "adamw-8bit")
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "gpipe")
 ZERO_STAGES = (0, 1, 2, 3)
-
-
-def state_bytes(precision: str = "bf16-mixed", optimizer: str = "adamw",
-                grad_accum: str = "param") -> tuple[int, int, int]:
-    """(weight, gradient, optimizer-state) bytes per parameter.
-
-    - "fp32": 4-byte weights and gradients; optimizer states in fp32.
-    - "fp16-mixed" / "bf16-mixed": 2-byte weights and gradients for the forward and backward,
-      and a 4-byte fp32 master copy of the weights counted in the optimizer states (ZeRO §3.1,
-      Micikevicius et al. 2018). Optimizer moments in fp32.
-    - "bf16": weights, gradients and moments all bf16, no master copy (what `torch.optim` does
-      for bf16 parameters: its states are `zeros_like(param)`).
-    - "fp8-mixed" (Transformer Engine): as "bf16-mixed"; matmul inputs are cast to FP8 on the
-      fly (`labkit.precision`), so the model states do not shrink (TE's optional cache of FP8
-      weight copies across micro-batches, 1-2 B/param, is not counted).
-
-    grad_accum: "param" (gradients in the weights' dtype, ZeRO's count), "fp32" (Megatron-LM's
-    fp32 main_grad) or "both" (16-bit gradients + an fp32 copy for the step):
-    `labkit.precision.gradient_bytes`.
-
-    Optimizer states per parameter: sgd none; sgd-momentum one buffer; adam / adamw two moments
-    (exp_avg, exp_avg_sq); adamw-8bit two 1-byte moments (bitsandbytes' block-wise 8-bit Adam,
-    Dettmers et al. 2022; the per-block fp32 scales, 4 bytes per 2048 values, are ignored).
-    """
-    validate.choice("precision", precision, PRECISIONS + FP8_PRECISIONS)
-    validate.choice("optimizer", optimizer, OPTIMIZERS)
-    weight = 4 if precision == "fp32" else 2
-    master = 4 if precision.endswith("-mixed") else 0
-    moment = 2 if precision == "bf16" else 4
-    moments = {"sgd": 0, "sgd-momentum": moment, "adam": 2 * moment, "adamw": 2 * moment,
-               "adamw-8bit": 2}[optimizer]
-    return weight, sum(gradient_bytes(weight, grad_accum)), master + moments
 
 
 def bytes_per_param(precision: str = "bf16-mixed", optimizer: str = "adamw",
@@ -183,32 +138,6 @@ class MemoryEstimate:
         return "\n".join(lines)
 
 
-def _stage_layers(num_layers: int, pp: int) -> list[int]:
-    # As even as possible; the first L % pp stages take one more layer.
-    return [num_layers // pp + (1 if i < num_layers % pp else 0) for i in range(pp)]
-
-
-def stage_params(spec: ModelSpec, tp: int, pp: int) -> list[float]:
-    """Parameters held by one GPU of each pipeline stage (one tensor-parallel rank).
-
-    Weight matrices and column-parallel biases are split over tp; norms and row-parallel biases
-    are replicated (Megatron-LM, Shoeybi et al. 2019). The embedding and the LM head are split
-    over the vocabulary (vocab-parallel; Megatron pads the vocabulary, ignored here). The first
-    stage holds the embeddings, the last the final norm and the head; with tied embeddings and
-    pp > 1 the last stage keeps its own copy of the shared matrix (Megatron-LM does this and
-    all-reduces the two copies' gradients), with pp = 1 the one tensor serves both.
-    """
-    parts = spec.layer_parts()
-    per_layer = (parts["attention_sharded"] + parts["mlp_sharded"]) / tp + parts["replicated"]
-    vh = spec.vocab_size * spec.hidden_size
-    embed = vh / tp + (spec.max_seq_len * spec.hidden_size if spec.learned_positions else 0)
-    head = vh / tp if (not spec.tied_embeddings or pp > 1) else 0.0
-    out = [n * per_layer for n in _stage_layers(spec.num_layers, pp)]
-    out[0] += embed
-    out[-1] += spec.final_norm_params() + head
-    return out
-
-
 def tp_splits(model) -> dict[str, int]:
     """What tensor parallelism splits evenly over the tp ranks of `model` (a preset name, a
     ModelSpec or a config): each rank takes whole attention heads, whole KV heads and an equal
@@ -231,6 +160,25 @@ def estimate_memory(model, batch_size=1, seq_len=None, precision="bf16-mixed",
                     dropout=None, grad_accum="param", offload="none",
                     largest_layer=None) -> MemoryEstimate:
     """Training memory per GPU, reported for the worst pipeline stage.
+
+    Model states (Rajbhandari et al. 2020, "ZeRO", §3.1 and Figure 1): mixed-precision Adam
+    keeps 2 bytes of fp16/bf16 weights and 2 bytes of gradients per parameter, plus K = 12 bytes
+    of optimizer state (4 fp32 master weights, 4 momentum, 4 variance): 16 bytes per parameter
+    (`state_bytes`). ZeRO stage 1 partitions the optimizer states over the dp ranks, stage 2
+    also the gradients, stage 3 also the weights (`labkit.placement.model_states`). What other
+    stacks keep is an option: fp32 gradients (`grad_accum`: Megatron-LM's 18 B/param,
+    DeepSpeed's and the Ultra-Scale Playbook's 20), CPU offload (`offload`, host bytes in
+    `.host`), ZeRO-3's gathered unit (`largest_layer`), FP8 matmuls (precision="fp8-mixed"):
+    see `labkit.precision` and `labkit.placement`.
+
+    Activations: bytes stored for the backward pass per transformer layer, term by term for the
+    implementation that runs the model (`labkit.activations`, each checked against
+    saved-tensor hooks on real models): implementation="megatron" is Korthikanti et al. 2022
+    ("Reducing Activation Recomputation in Large Transformer Models", §4 and Table 2: a GPT
+    layer, 16-bit activations, 1-byte dropout masks); "hf-gpt2" and "hf-llama" are
+    transformers' GPT-2 and Llama (the defaults for those models, with SDPA attention, which
+    keeps no s x s scores). With precision="fp32" the forward stores fp32 values: 4 bytes for
+    each value counted at 2 (the masks stay 1 byte).
 
     model: a preset name, a ModelSpec, a transformers config, or a plain parameter count (then
         model states only, split evenly over tp * pp, and no activations).

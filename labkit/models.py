@@ -1,23 +1,13 @@
 """Transformer architectures as plain numbers: `ModelSpec`, presets, exact parameter counts.
 
-Pure Python (no torch at import): the calculators recompute on every widget change.
-
     >>> spec = get_model("llama2-7b")
     >>> spec.num_params()
     6738415616
 
-`num_params()` equals `sum(p.numel() for p in model.parameters())` of the transformers model
-built from `spec.to_hf_config()` (tests check every preset on the meta device). Tied embeddings
-are one tensor, counted once, exactly as `model.parameters()` yields them once.
-
-Two families are described:
-- "gpt2": learned position embeddings, LayerNorm (weight and bias), fused QKV with biases,
-  a 4h GELU MLP with biases, LM head tied to the token embedding (Radford et al. 2019; HF
-  `GPT2LMHeadModel`).
-- "llama" (and "mistral", "qwen2", same layer shape): RoPE (no position parameters), RMSNorm
-  (weight only), grouped-query attention (kv_heads <= heads), gated SiLU MLP (gate, up, down),
-  no biases except where the architecture has them (Qwen2: q, k, v biases) (Touvron et al.
-  2023; Jiang et al. 2023; Qwen2 technical report 2024; HF `LlamaForCausalLM` etc.).
+Two families, "gpt2" (Radford et al. 2019) and "llama" (with "mistral", "qwen2": Touvron et al.
+2023; Jiang et al. 2023; Qwen2 report 2024), described above `ARCHS`; presets are the public
+configs on the Hugging Face Hub, and `num_params()` equals transformers' count. Pure Python (no
+torch at import): the calculators recompute on every widget change.
 """
 from __future__ import annotations
 
@@ -26,6 +16,14 @@ from typing import Any
 
 from labkit import validate
 
+# Two families are described:
+# - "gpt2": learned position embeddings, LayerNorm (weight and bias), fused QKV with biases,
+#   a 4h GELU MLP with biases, LM head tied to the token embedding (Radford et al. 2019; HF
+#   `GPT2LMHeadModel`).
+# - "llama" (and "mistral", "qwen2", same layer shape): RoPE (no position parameters), RMSNorm
+#   (weight only), grouped-query attention (kv_heads <= heads), gated SiLU MLP (gate, up,
+#   down), no biases except where the architecture has them (Qwen2: q, k, v biases) (Touvron
+#   et al. 2023; Jiang et al. 2023; Qwen2 technical report 2024; HF `LlamaForCausalLM` etc.).
 ARCHS = ("gpt2", "llama", "mistral", "qwen2")
 # Each size field of a ModelSpec: a whole number from 1 to this.
 _FIELD_LIMITS = {"num_layers": validate.MAX_LAYERS, "hidden_size": validate.MAX_WIDTH,
@@ -154,7 +152,12 @@ class ModelSpec:
         }
 
     def num_params(self) -> int:
-        """Exact number of parameters (tied embeddings counted once)."""
+        """Exact number of parameters (tied embeddings counted once).
+
+        Equals `sum(p.numel() for p in model.parameters())` of the transformers model built
+        from `self.to_hf_config()` (tests check every preset on the meta device). Tied
+        embeddings are one tensor, counted once, exactly as `model.parameters()` yields them
+        once."""
         return sum(self.param_breakdown().values())
 
     def non_embedding_params(self) -> int:

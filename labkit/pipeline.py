@@ -6,34 +6,8 @@
     >>> min_microbatches(8, 0.10)               # 63 micro-batches for 10 % of the step idle
     >>> activation_in_flight("gpipe", 4, 8), p2p_messages(4, 8, v=2), idle_share(events)
 
-`fwd` and `bwd` are the times of one micro-batch through one whole stage (all its layers);
-with `chunks` = v model chunks per stage (interleaving) each chunk takes fwd/v and bwd/v.
-
-Each stage runs its schedule's operations in order; an operation starts when its stage is free
-and its input is ready (the previous virtual stage's forward, the next one's backward), plus
-`p2p` seconds for a send between stages. With p2p = 0 and uniform costs the simulation
-reproduces Narayanan et al. 2021 (§2.2) exactly:
-- GPipe (Huang et al. 2019) and 1F1B (PipeDream-Flush, Narayanan et al. 2021): makespan
-  (m + p - 1)(f + b); idle share (p - 1)/(m + p - 1); bubble relative to the ideal m(f + b):
-  (p - 1)/m. GPipe holds all m micro-batches' activations, 1F1B at most p (stage i: p - i).
-- Interleaved 1F1B with v chunks (requires m a multiple of p, as Megatron-LM does): the bubble
-  relative to ideal is (p - 1)/(v m). At m = p labkit follows pre-2024 Megatron-LM, which
-  ran all m*v forwards before the first backward; current Megatron-Core and
-  torch.distributed.pipelining warm up as for m > p and then alternate. The makespan is the
-  same; the order, and how many micro-batches a stage holds at once, differ.
-- "zero-bubble" (ZB-H1, Qi et al. 2024, "Zero Bubble Pipeline Parallelism"): the backward is
-  split into B (input gradient, `bwd`) and W (weight gradient, `wgrad`); W waits to fill what
-  would be idle time, keeping 1F1B's limit of p - i micro-batches in flight. With
-  f = b = w (the paper's setting) its makespan is m(f + b + w) + (p - 1)(f + b - w), against
-  1F1B's (m + p - 1)(f + b + w) (paper, §3.1); this greedy simulation reproduces that. For
-  other ratios the greedy list schedule is a heuristic and can lose to 1F1B (p=2, m=4,
-  f=0.138, b=1, w=0.25: 7.192 against 6.942: a W started in a gap delays a B that became
-  ready just after). So the simulator also runs the order with no W deferred (1F1B with the
-  backward split, each W right after its B) and keeps the shorter step, as the paper's
-  automatic scheduler keeps the best of its candidates. That order is never slower than 1F1B
-  (each op starts no later; a B's successor waits for B alone, not B + W), so neither is
-  zero-bubble, at the same in-flight bound. Its bubble need not shrink with every extra
-  micro-batch at other ratios (p=5, f=2.5, b=w=2.84: 0.2173 at m=5, 0.2202 at m=6).
+Schedules: GPipe (Huang et al. 2019), 1F1B and interleaved 1F1B (Narayanan et al. 2021, §2.2),
+zero-bubble ZB-H1 (Qi et al. 2024); how each is simulated, and checked: `simulate`.
 """
 from __future__ import annotations
 
@@ -101,7 +75,11 @@ def _order(schedule, p, m, v):
             o += [("B", j, 0) for j in range(m - warm, m)]
             orders.append(o)
         return orders
-    # interleaved 1F1B, in the order of Megatron-LM's forward_backward_pipelining_with_interleaving
+    # interleaved 1F1B, in the order of Megatron-LM's forward_backward_pipelining_with_interleaving.
+    # At m = p labkit follows pre-2024 Megatron-LM, which ran all m*v forwards before the first
+    # backward; current Megatron-Core and torch.distributed.pipelining warm up as for m > p and
+    # then alternate. The makespan is the same; the order, and how many micro-batches a stage
+    # holds at once, differ.
     total = m * v
 
     def fwd(k):
@@ -131,6 +109,24 @@ def simulate(schedule, stages, microbatches, fwd=1.0, bwd=2.0, chunks=1, wgrad=N
     pass B alone and `wgrad` the weight-gradient pass W (default: equal to bwd, as the paper's
     T_F = T_B = T_W); other schedules take no wgrad (their bwd includes it).
     p2p: seconds to send activations or gradients between stages.
+
+    `fwd` and `bwd` are the times of one micro-batch through one whole stage (all its layers);
+    with `chunks` = v model chunks per stage (interleaving) each chunk takes fwd/v and bwd/v.
+    Each stage runs its schedule's operations in order; an operation starts when its stage is
+    free and its input is ready (the previous virtual stage's forward, the next one's
+    backward), plus `p2p` seconds for a send between stages. With p2p = 0 and uniform costs the
+    simulation reproduces Narayanan et al. 2021 (§2.2) exactly:
+    - GPipe (Huang et al. 2019) and 1F1B (PipeDream-Flush, Narayanan et al. 2021): makespan
+      (m + p - 1)(f + b); idle share (p - 1)/(m + p - 1); bubble relative to the ideal
+      m(f + b): (p - 1)/m. GPipe holds all m micro-batches' activations, 1F1B at most p
+      (stage i: p - i).
+    - Interleaved 1F1B with v chunks (requires m a multiple of p, as Megatron-LM does): the
+      bubble relative to ideal is (p - 1)/(v m). At m = p see `_order`.
+    - "zero-bubble" (ZB-H1, Qi et al. 2024, "Zero Bubble Pipeline Parallelism"): the backward
+      is split into B (input gradient, `bwd`) and W (weight gradient, `wgrad`); W waits to fill
+      what would be idle time, keeping 1F1B's limit of p - i micro-batches in flight. With
+      f = b = w (the paper's setting) its makespan is m(f + b + w) + (p - 1)(f + b - w),
+      against 1F1B's (m + p - 1)(f + b + w) (paper, §3.1). Other ratios: `_simulate_zero_bubble`.
     """
     # The simulation runs op by op (3 p m v of them): bounds keep a typo from running for hours.
     p, m, v = check_shape(schedule, stages, microbatches, chunks)
@@ -205,8 +201,18 @@ def _split_1f1b(p, m, f, b, w, c) -> PipelineResult:
 
 
 def _simulate_zero_bubble(p, m, f, b, w, c) -> PipelineResult:
-    """The shorter of the greedy ZB-H1 schedule and 1F1B with a split backward (see the module
-    docstring); on a tie the greedy one, which is the paper's at T_F = T_B = T_W."""
+    """The shorter of the greedy ZB-H1 schedule and 1F1B with a split backward; on a tie the
+    greedy one, which is the paper's at T_F = T_B = T_W.
+
+    With f = b = w the greedy simulation reproduces the paper's makespan. For other ratios the
+    greedy list schedule is a heuristic and can lose to 1F1B (p=2, m=4, f=0.138, b=1, w=0.25:
+    7.192 against 6.942: a W started in a gap delays a B that became ready just after). So the
+    simulator also runs the order with no W deferred (1F1B with the backward split, each W right
+    after its B) and keeps the shorter step, as the paper's automatic scheduler keeps the best
+    of its candidates. That order is never slower than 1F1B (each op starts no later; a B's
+    successor waits for B alone, not B + W), so neither is zero-bubble, at the same in-flight
+    bound. Its bubble need not shrink with every extra micro-batch at other ratios (p=5,
+    f=2.5, b=w=2.84: 0.2173 at m=5, 0.2202 at m=6)."""
     greedy, split = _greedy_zero_bubble(p, m, f, b, w, c), _split_1f1b(p, m, f, b, w, c)
     return greedy if greedy.makespan <= split.makespan * (1 + 1e-12) else split
 
@@ -353,7 +359,7 @@ def activation_in_flight(schedule, p, m, v=1) -> list[float]:
     GPipe all m; 1F1B and zero-bubble (ZB-H1 keeps 1F1B's bound) min(p - i, m) on stage i;
     interleaved 1F1B, in micro-batches of the whole stage (chunks / v), Megatron-LM's warm-up of
     2 (p - i - 1) + (v - 1) p chunk forwards plus one, at most m v; at m = p all m v (labkit
-    follows pre-2024 Megatron-LM there, see the module docstring)."""
+    follows pre-2024 Megatron-LM there, see `_order`)."""
     from labkit.memory import in_flight
 
     p, m, v = check_shape(schedule, p, m, v, FORMULA_NAMES, FORMULA_LIMITS)

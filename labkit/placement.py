@@ -1,25 +1,13 @@
-"""Where one GPU's model states live (GPU or host memory) and what offloading moves over PCIe.
+"""One GPU's model states: bytes per parameter, the parameters a GPU holds, how ZeRO shards
+them, where they live (GPU or host memory) and what offloading moves over PCIe.
 
+    >>> state_bytes("bf16-mixed", "adamw"), stage_params(get_model("llama2-7b"), tp=2, pp=4)
     >>> gpu, host = model_states(7e9, 2, (2, 0), 12, zero_stage=2, dp=8, offload="optimizer")
     >>> offload_traffic("llama2-7b", offload="optimizer", zero_stage=2, dp=8).time   # seconds
 
-Sharding (Rajbhandari et al. 2020): ZeRO-1 shards the optimizer states (and the fp32 gradient
-copy the step reads, `labkit.precision.gradient_bytes`), ZeRO-2 also the accumulated gradients,
-ZeRO-3 also the weights. Under ZeRO-3 a unit's weights are all-gathered before use and its
-gradient exists whole until its reduce-scatter: `gathered` parameters (DeepSpeed's
-`largest_layer_params`, an FSDP wrapping unit) add their weights and gradients, both in the
-weights' dtype (DeepSpeed's estimator: 4 bytes per parameter of the largest layer).
-
-Offload (`offload=`):
-- "optimizer" (ZeRO-Offload, Ren et al. 2021; DeepSpeed `offload_optimizer`): the optimizer
-  step runs on the CPU, so the optimizer states, the fp32 master weights and the gradients the
-  step reads live in host memory; the GPU keeps the 16-bit weights and, under ZeRO-1, the whole
-  gradient it accumulates before the reduce-scatter. Needs zero_stage >= 1.
-- "params" (DeepSpeed `offload_param` + `offload_optimizer`, ZeRO-Infinity; FSDP2
-  `CPUOffloadPolicy`): the weight shards live on the host too; the GPU holds only the gathered
-  unit. Needs zero_stage = 3.
-Host bytes are this GPU's share; a node's host memory holds the shares of all its GPUs.
-Pure Python, no torch.
+Sources: ZeRO (Rajbhandari et al. 2020), ZeRO-Offload (Ren et al. 2021), DeepSpeed's and
+FSDP2's offload options; the rules are in `model_states` and `offload_traffic`. Below
+`labkit.memory`, which re-exports these names. Pure Python, no torch.
 """
 from __future__ import annotations
 
@@ -28,8 +16,72 @@ import numbers
 
 from labkit import validate
 from labkit.hardware import Link, get_link
+from labkit.models import ModelSpec, get_model
+from labkit.precision import gradient_bytes
 
+PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16")
+# Accepted by the estimators, kept out of PRECISIONS (what the CPU labs and exercises run).
+FP8_PRECISIONS = ("fp8-mixed",)
+OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw", "adamw-8bit")
 OFFLOAD = ("none", "optimizer", "params")
+
+
+def state_bytes(precision: str = "bf16-mixed", optimizer: str = "adamw",
+                grad_accum: str = "param") -> tuple[int, int, int]:
+    """(weight, gradient, optimizer-state) bytes per parameter.
+
+    - "fp32": 4-byte weights and gradients; optimizer states in fp32.
+    - "fp16-mixed" / "bf16-mixed": 2-byte weights and gradients for the forward and backward,
+      and a 4-byte fp32 master copy of the weights counted in the optimizer states (ZeRO §3.1,
+      Micikevicius et al. 2018). Optimizer moments in fp32.
+    - "bf16": weights, gradients and moments all bf16, no master copy (what `torch.optim` does
+      for bf16 parameters: its states are `zeros_like(param)`).
+    - "fp8-mixed" (Transformer Engine): as "bf16-mixed"; matmul inputs are cast to FP8 on the
+      fly (`labkit.precision`), so the model states do not shrink (TE's optional cache of FP8
+      weight copies across micro-batches, 1-2 B/param, is not counted).
+
+    grad_accum: "param" (gradients in the weights' dtype, ZeRO's count), "fp32" (Megatron-LM's
+    fp32 main_grad) or "both" (16-bit gradients + an fp32 copy for the step):
+    `labkit.precision.gradient_bytes`.
+
+    Optimizer states per parameter: sgd none; sgd-momentum one buffer; adam / adamw two moments
+    (exp_avg, exp_avg_sq); adamw-8bit two 1-byte moments (bitsandbytes' block-wise 8-bit Adam,
+    Dettmers et al. 2022; the per-block fp32 scales, 4 bytes per 2048 values, are ignored).
+    """
+    validate.choice("precision", precision, PRECISIONS + FP8_PRECISIONS)
+    validate.choice("optimizer", optimizer, OPTIMIZERS)
+    weight = 4 if precision == "fp32" else 2
+    master = 4 if precision.endswith("-mixed") else 0
+    moment = 2 if precision == "bf16" else 4
+    moments = {"sgd": 0, "sgd-momentum": moment, "adam": 2 * moment, "adamw": 2 * moment,
+               "adamw-8bit": 2}[optimizer]
+    return weight, sum(gradient_bytes(weight, grad_accum)), master + moments
+
+
+def _stage_layers(num_layers: int, pp: int) -> list[int]:
+    # As even as possible; the first L % pp stages take one more layer.
+    return [num_layers // pp + (1 if i < num_layers % pp else 0) for i in range(pp)]
+
+
+def stage_params(spec: ModelSpec, tp: int, pp: int) -> list[float]:
+    """Parameters held by one GPU of each pipeline stage (one tensor-parallel rank).
+
+    Weight matrices and column-parallel biases are split over tp; norms and row-parallel biases
+    are replicated (Megatron-LM, Shoeybi et al. 2019). The embedding and the LM head are split
+    over the vocabulary (vocab-parallel; Megatron pads the vocabulary, ignored here). The first
+    stage holds the embeddings, the last the final norm and the head; with tied embeddings and
+    pp > 1 the last stage keeps its own copy of the shared matrix (Megatron-LM does this and
+    all-reduces the two copies' gradients), with pp = 1 the one tensor serves both.
+    """
+    parts = spec.layer_parts()
+    per_layer = (parts["attention_sharded"] + parts["mlp_sharded"]) / tp + parts["replicated"]
+    vh = spec.vocab_size * spec.hidden_size
+    embed = vh / tp + (spec.max_seq_len * spec.hidden_size if spec.learned_positions else 0)
+    head = vh / tp if (not spec.tied_embeddings or pp > 1) else 0.0
+    out = [n * per_layer for n in _stage_layers(spec.num_layers, pp)]
+    out[0] += embed
+    out[-1] += spec.final_norm_params() + head
+    return out
 
 
 def check_placement(zero_stage: int, offload: str, gathered) -> float:
@@ -55,7 +107,25 @@ def model_states(n, weight, grads, optimizer, zero_stage=0, dp=1, offload="none"
     replica, each a dict with "params", "grads", "optimizer_states".
 
     weight, optimizer: bytes per parameter; grads: (accumulated, step copy) bytes per parameter
-    (`labkit.precision.gradient_bytes`); gathered: parameters of the unit ZeRO-3 gathers."""
+    (`labkit.precision.gradient_bytes`); gathered: parameters of the unit ZeRO-3 gathers.
+
+    Sharding (Rajbhandari et al. 2020): ZeRO-1 shards the optimizer states (and the fp32
+    gradient copy the step reads, `labkit.precision.gradient_bytes`), ZeRO-2 also the
+    accumulated gradients, ZeRO-3 also the weights. Under ZeRO-3 a unit's weights are
+    all-gathered before use and its gradient exists whole until its reduce-scatter: `gathered`
+    parameters (DeepSpeed's `largest_layer_params`, an FSDP wrapping unit) add their weights and
+    gradients, both in the weights' dtype (DeepSpeed's estimator: 4 bytes per parameter of the
+    largest layer).
+
+    Offload (`offload=`):
+    - "optimizer" (ZeRO-Offload, Ren et al. 2021; DeepSpeed `offload_optimizer`): the optimizer
+      step runs on the CPU, so the optimizer states, the fp32 master weights and the gradients
+      the step reads live in host memory; the GPU keeps the 16-bit weights and, under ZeRO-1,
+      the whole gradient it accumulates before the reduce-scatter. Needs zero_stage >= 1.
+    - "params" (DeepSpeed `offload_param` + `offload_optimizer`, ZeRO-Infinity; FSDP2
+      `CPUOffloadPolicy`): the weight shards live on the host too; the GPU holds only the
+      gathered unit. Needs zero_stage = 3.
+    Host bytes are this GPU's share; a node's host memory holds the shares of all its GPUs."""
     acc, copy = grads
 
     def share(stage):
@@ -131,10 +201,6 @@ def offload_traffic(model, offload="optimizer", zero_stage=2, dp=1, tp=1, pp=1,
     - "params": host to device, the weight shard before each all-gather (forward and backward of
       every micro-batch); device to host, the gradient shard after every micro-batch.
     Gradients cross in their accumulated dtype (`gradient_bytes`: fp32 for grad_accum="fp32")."""
-    from labkit.memory import stage_params, state_bytes
-    from labkit.models import get_model
-    from labkit.precision import gradient_bytes
-
     validate.choice("zero_stage", zero_stage, (0, 1, 2, 3))
     check_placement(zero_stage, offload, None)
     if offload == "none":

@@ -1,42 +1,12 @@
-"""A planner for real clusters: every layout of a model on N GPUs, the infeasible ones rejected
-with their reason, the rest ranked by estimated step time with a breakdown.
+"""A planner for real clusters: every layout of a model on N GPUs (`Layout`), the infeasible ones
+rejected with their reason (`plan`), the rest ranked by step time (`labkit.planner_cost`).
 
     >>> p = plan("llama3-70b", gpus=64, gpu="h100-sxm", global_batch=512, seq_len=8192)
     >>> p.best.layout, p.best.step_time, p.best.breakdown      # {"compute": s, "tp": s, ...}
     >>> print(p.table(top=5)); p.rejection_counts(); p.why()  # why nothing fits, when so
     >>> evaluate("llama3-405b", Layout(tp=8, pp=16, dp=128, micro_batch=1, sharding="fsdp"),
     ...          gpu="h100-sxm", global_batch=2048, seq_len=8192).fits
-    >>> d = decision("llama2-70b", 64, global_batch=512, seq_len=4096)   # the lever to turn on
-    >>> d.first.lever, [r.lever for r in d.worth]; print(d.text())     # first, then what pays
-
-A layout (`Layout`): degrees tp x cp x dp x pp = the GPUs; the data-parallel sharding ("ddp"
-replicates the model states, "zero1" / "zero2" shard the optimizer states / also the gradients,
-"fsdp" is ZeRO-3 with one transformer layer per unit), over dp x cp ranks (the gradients are
-averaged over both, as Megatron-LM does); the micro-batch size b (m = global_batch / (dp b)
-micro-batches per step); recompute "none" / "selective" / "full"; sequence parallelism (tp > 1).
-
-Rejected, each with its reason, in this order: TP across nodes (tp larger than, or not dividing,
-gpus_per_node: its per-layer collectives need NVLink); degrees that do not divide what they
-split (tp: heads, KV heads, MLP width; pp: at most num_layers, stages may be uneven, as Llama 3
-405B's 126 layers on 16 stages; cp: seq_len, keeping at least `min_cp_tokens` tokens per rank;
-tp | seq_len / cp with sequence parallelism); a global batch not divisible by dp x b; memory over
-the GPU (`labkit.memory.estimate_memory`, worst stage, GB = 1e9 bytes).
-
-Step time, by part (`Estimate.breakdown`, seconds):
-- compute: the step's FLOPs with recompute's extra forward (`labkit.flops.flops_per_step`,
-  hardware=True) over gpus x dense peak x `mfu` (the share of peak the matmuls reach), times
-  pp ceil(L/pp) / L (the slowest stage sets the pace when the layers do not split evenly).
-- communication per axis (`labkit.comm.step_communication`, `StepComm.time`, faster of ring and
-  tree), on the link its group uses: ranks are numbered TP innermost, then CP, DP, PP
-  (Megatron-LM's order), and a group inside one node uses `intra_link`, else `inter_link`
-  (bandwidth per GPU). Overlap assumption: TP's collectives and PP's sends sit on the critical
-  path (all exposed); CP's K/V passes hide behind the attention FLOPs; the data-parallel
-  reduction hides behind backward compute: the last micro-batch's for ddp and ZeRO-1 (one
-  reduction per step), every micro-batch's for ZeRO-2, and FSDP's gathers behind all the compute
-  (prefetch). Exposed = max(0, communication - what hides it).
-- bubble: `labkit.pipeline.bubble_formula` (relative to the ideal), times compute + TP + CP.
-Throughput: tokens/s = global_batch x seq_len / step; TFLOP/s per GPU of model FLOPs (MFU's) and
-of hardware FLOPs (with recompute, HFU's: what Megatron-LM's Table 1 reports).
+    >>> print(decision("llama2-70b", 64, global_batch=512, seq_len=4096).text())  # what pays
 """
 from __future__ import annotations
 
@@ -61,6 +31,13 @@ DEFAULT_TOKENS = 2**22          # default global batch: about 4M tokens per step
 
 @dataclass(frozen=True)
 class Layout:
+    """Degrees tp x cp x dp x pp = the GPUs; the data-parallel sharding ("ddp" replicates the
+    model states, "zero1" / "zero2" shard the optimizer states / also the gradients, "fsdp" is
+    ZeRO-3 with one transformer layer per unit), over dp x cp ranks (the gradients are averaged
+    over both, as Megatron-LM does); the micro-batch size b (m = global_batch / (dp b)
+    micro-batches per step); recompute "none" / "selective" / "full"; sequence parallelism
+    (tp > 1)."""
+
     tp: int = 1
     pp: int = 1
     dp: int = 1
@@ -84,7 +61,11 @@ class Layout:
 
 @dataclass
 class Estimate:
-    """One layout priced: memory per GPU (worst stage), step time and its parts, throughput."""
+    """One layout priced: memory per GPU (worst stage), step time and its parts, throughput.
+
+    Throughput: tokens/s = global_batch x seq_len / step; TFLOP/s per GPU of model FLOPs (MFU's)
+    and of hardware FLOPs (with recompute, HFU's: what Megatron-LM's Table 1 reports). The parts
+    of the step: `labkit.planner_cost.Pricer.time`."""
 
     layout: Layout
     microbatches: int
@@ -316,7 +297,7 @@ def plan(model, gpus, gpu="h100-sxm", gpus_per_node=8, global_batch=None, seq_le
          precision="bf16-mixed", optimizer="adamw", mfu=0.5, intra_link=None, inter_link=None,
          max_microbatch=8, schedule="1f1b", grad_accum="param", min_cp_tokens=1024,
          implementation=None, attention=None) -> Plan:
-    """Every layout of `model` on `gpus` GPUs (see the module docstring), ranked.
+    """Every layout of `model` on `gpus` GPUs (`Layout`), ranked by step time.
 
     gpu: a key of `labkit.hardware.GPUS`; gpus_per_node: GPUs one intra-node link joins;
     global_batch: sequences per step (default about 4M tokens); seq_len: default the model's
@@ -324,7 +305,15 @@ def plan(model, gpus, gpu="h100-sxm", gpus_per_node=8, global_batch=None, seq_le
     intra_link / inter_link: keys of LINKS or Links (default: the GPU's NVLink, and one
     InfiniBand port per GPU: HDR for A100s, else NDR); max_microbatch: micro-batch sizes tried
     are the powers of two up to it; schedule: "1f1b" or "gpipe"; min_cp_tokens: fewest tokens a
-    context-parallel rank keeps."""
+    context-parallel rank keeps.
+
+    Rejected, each with its reason, in this order: TP across nodes (tp larger than, or not
+    dividing, gpus_per_node: its per-layer collectives need NVLink); degrees that do not divide
+    what they split (tp: heads, KV heads, MLP width; pp: at most num_layers, stages may be
+    uneven, as Llama 3 405B's 126 layers on 16 stages; cp: seq_len, keeping at least
+    `min_cp_tokens` tokens per rank; tp | seq_len / cp with sequence parallelism); a global
+    batch not divisible by dp x b; memory over the GPU (`labkit.memory.estimate_memory`, worst
+    stage, GB = 1e9 bytes)."""
     spec, pricer, inputs = _setup(model, gpus, gpu, gpus_per_node, global_batch, seq_len,
                                   precision, optimizer, mfu, intra_link, inter_link, schedule,
                                   grad_accum, implementation, attention)

@@ -1,23 +1,11 @@
 """What `labkit.planner` prices a layout with: its memory per GPU and its step time, from the
 layer-1 cost models (no formula of its own beyond adding their results up).
 
-Memory (`Pricer.memory`): `labkit.memory.estimate_memory`'s worst stage. A plan prices tens of
-thousands of layouts, and estimate_memory takes a fraction of a millisecond, so the pricer asks
-it once per shape and composes: every activation term is linear in the micro-batch size b
-(s b h, a s^2 b, the logits' b s V), and the model states do not depend on b, the recompute mode
-or sequence parallelism. So for stage i
-
-    total_i = states_i(sharding, group) + b x act_i(sp, recompute) x in_flight_i(pp, m, v)
-
-with states_i and act_i read from estimate_memory's `per_stage` (GPipe, m = 1 and m = 2: the
-difference is one micro-batch's activations, as `labkit.pipeline.activation_memory` does) and
-in_flight_i from `labkit.pipeline.activation_in_flight` (1F1B, GPipe or interleaved).
-tests/test_planner.py checks the composition against estimate_memory on random layouts.
-
-Time (`Pricer.time`): see `labkit.planner`'s docstring; communication from
-`labkit.comm.step_communication` priced at one micro-batch and scaled by m where its counts are
-(TP, CP, PP: every count is per micro-batch), `StepComm.time` on each axis's link, the faster of
-ring and tree where NCCL has both.
+`Pricer` (built by `labkit.planner.plan` / `evaluate` for one model, batch and cluster):
+`.memory(layout, m)` composes `labkit.memory.estimate_memory`'s per-stage figures, asked once
+per shape (checked against estimate_memory on random layouts in tests/cost/test_planner.py);
+`.time(layout, m)` adds up `labkit.flops`, `labkit.comm` and `labkit.pipeline` per part, with
+the overlap assumptions it states.
 """
 from __future__ import annotations
 
@@ -90,7 +78,22 @@ class Pricer:
         return (parts["attention_sharded"] + parts["mlp_sharded"]) / tp + parts["replicated"]
 
     def memory(self, lay, m) -> float:
-        """Bytes per GPU on the worst stage for layout `lay` with m micro-batches."""
+        """Bytes per GPU on the worst stage for layout `lay` with m micro-batches.
+
+        `labkit.memory.estimate_memory`'s worst stage. A plan prices tens of thousands of
+        layouts, and estimate_memory takes a fraction of a millisecond, so the pricer asks it
+        once per shape and composes: every activation term is linear in the micro-batch size b
+        (s b h, a s^2 b, the logits' b s V), and the model states do not depend on b, the
+        recompute mode or sequence parallelism. So for stage i
+
+            total_i = states_i(sharding, group) + b x act_i(sp, recompute) x in_flight_i(pp, m, v)
+
+        with states_i and act_i read from estimate_memory's `per_stage` (GPipe, m = 1 and
+        m = 2: the difference is one micro-batch's activations, as
+        `labkit.pipeline.activation_memory` does) and in_flight_i from
+        `labkit.pipeline.activation_in_flight` (1F1B, GPipe or interleaved).
+        tests/cost/test_planner.py checks the composition against estimate_memory on random
+        layouts."""
         states = self.states(lay.tp, lay.pp, lay.sharding, lay.dp * lay.cp)
         act = self.activations(lay.tp, lay.pp, lay.cp, lay.sequence_parallel, lay.recompute)
         held = self._memo(("held", self.schedule_of(lay), lay.pp, m, lay.chunks),
@@ -137,7 +140,24 @@ class Pricer:
             self.spec, self.B, self.s, recompute=recompute, hardware=hardware))
 
     def time(self, lay, m) -> dict:
-        """Seconds per step, by part: compute, tp, cp, pp, dp (exposed), bubble."""
+        """Seconds per step, by part: compute, tp, cp, pp, dp (exposed), bubble.
+
+        - compute: the step's FLOPs with recompute's extra forward (`labkit.flops.flops_per_step`,
+          hardware=True) over gpus x dense peak x `mfu` (the share of peak the matmuls reach),
+          times pp ceil(L/pp) / L (the slowest stage sets the pace when the layers do not split
+          evenly).
+        - communication per axis (`labkit.comm.step_communication`, priced at one micro-batch
+          and scaled by m where its counts are: TP, CP, PP, every count per micro-batch; the
+          faster of ring and tree where NCCL has both), on the link its group uses: ranks are
+          numbered TP innermost, then CP, DP, PP (Megatron-LM's order), and a group inside one
+          node uses `intra_link`, else `inter_link` (bandwidth per GPU). Overlap assumption:
+          TP's collectives and PP's sends sit on the critical path (all exposed); CP's K/V
+          passes hide behind the attention FLOPs; the data-parallel reduction hides behind
+          backward compute: the last micro-batch's for ddp and ZeRO-1 (one reduction per step),
+          every micro-batch's for ZeRO-2, and FSDP's gathers behind all the compute (prefetch).
+          Exposed = max(0, communication - what hides it).
+        - bubble: `labkit.pipeline.bubble_formula` (relative to the ideal), times compute + TP
+          + CP."""
         spec, n = self.spec, self.gpus
         rate = n * self.peak * self.mfu
         stage_layers = math.ceil(spec.num_layers / lay.pp)

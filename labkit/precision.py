@@ -4,24 +4,9 @@
     >>> FORMATS["fp8-e4m3"].max_relative_error                      # 2**-4 = 0.0625
     >>> gradient_bytes(2, "fp32")                                   # (4, 0): Megatron's main_grad
 
-Floating-point formats (IEEE 754 and the OCP 8-bit Floating Point specification, 2023, which
-Transformer Engine and torch's float8_e4m3fn / float8_e5m2 follow): 1 sign bit, e exponent bits
-with bias B, m mantissa bits. Every figure below is computed from (e, m, B), none typed in:
-- normal numbers (1 + f / 2^m) 2^(E - B) for exponent fields E = 1 .. E_max; subnormals
-  (f / 2^m) 2^(1 - B) for E = 0;
-- IEEE-like formats (fp32, bf16, fp16, E5M2) reserve the all-ones exponent for inf and NaN, so
-  E_max = 2^e - 2 and the largest value is (2 - 2^-m) 2^(E_max - B);
-- E4M3 ("fn": finite, no inf) uses the all-ones exponent for numbers too and reserves only
-  S.1111.111 for NaN: the largest value is (2 - 2^(1-m)) 2^(2^e - 1 - B) = 1.75 x 2^8 = 448;
-- rounding to nearest, a value in the normal range is off by at most half a unit in the last
-  place: a relative error of at most 2^-(m+1) (E4M3: 2^-4, E5M2: 2^-3, bf16: 2^-8).
-
-FP8 training (Micikevicius et al. 2022, "FP8 Formats for Deep Learning"; NVIDIA Transformer
-Engine): matmul inputs are cast to E4M3 in the forward and gradients to E5M2 in the backward,
-each tensor with its own scale; weights, gradients and optimizer states stay as in bf16 mixed
-precision (bf16 weights, fp32 master weights and moments), so the model states do not shrink.
-The matmuls run at the FP8 tensor-core rate, twice the bf16 one on Hopper
-(`labkit.hardware.GPUS["h100-sxm"].flops("fp8")`). Pure Python, no torch.
+Formats: IEEE 754 and the OCP 8-bit Floating Point specification (2023), every figure computed
+from the bit layout (`FloatFormat`); FP8 training: Micikevicius et al. 2022, NVIDIA Transformer
+Engine (noted above `FORMATS`). Pure Python, no torch.
 """
 from __future__ import annotations
 
@@ -33,7 +18,19 @@ from labkit import validate
 @dataclass(frozen=True)
 class FloatFormat:
     """A binary floating-point format: 1 sign bit, `exponent_bits`, `mantissa_bits`, `bias`.
-    `finite` marks formats without infinities whose only NaN is the all-ones pattern (E4M3)."""
+    `finite` marks formats without infinities whose only NaN is the all-ones pattern (E4M3).
+
+    IEEE 754 and the OCP 8-bit Floating Point specification, 2023 (which Transformer Engine and
+    torch's float8_e4m3fn / float8_e5m2 follow): 1 sign bit, e exponent bits with bias B, m
+    mantissa bits. Every figure is computed from (e, m, B), none typed in:
+    - normal numbers (1 + f / 2^m) 2^(E - B) for exponent fields E = 1 .. E_max; subnormals
+      (f / 2^m) 2^(1 - B) for E = 0;
+    - IEEE-like formats (fp32, bf16, fp16, E5M2) reserve the all-ones exponent for inf and NaN,
+      so E_max = 2^e - 2 and the largest value is (2 - 2^-m) 2^(E_max - B);
+    - E4M3 ("fn": finite, no inf) uses the all-ones exponent for numbers too and reserves only
+      S.1111.111 for NaN: the largest value is (2 - 2^(1-m)) 2^(2^e - 1 - B) = 1.75 x 2^8 = 448;
+    - rounding to nearest, a value in the normal range is off by at most half a unit in the last
+      place: a relative error of at most 2^-(m+1) (E4M3: 2^-4, E5M2: 2^-3, bf16: 2^-8)."""
 
     name: str
     exponent_bits: int
@@ -72,6 +69,12 @@ class FloatFormat:
         return 2.0 ** -(self.mantissa_bits + 1)
 
 
+# FP8 training (Micikevicius et al. 2022, "FP8 Formats for Deep Learning"; NVIDIA Transformer
+# Engine): matmul inputs are cast to E4M3 in the forward and gradients to E5M2 in the backward,
+# each tensor with its own scale; weights, gradients and optimizer states stay as in bf16 mixed
+# precision (bf16 weights, fp32 master weights and moments), so the model states do not shrink.
+# The matmuls run at the FP8 tensor-core rate, twice the bf16 one on Hopper
+# (`labkit.hardware.GPUS["h100-sxm"].flops("fp8")`).
 FORMATS: dict[str, FloatFormat] = {f.name: f for f in (
     FloatFormat("fp32", 8, 23, 127),
     FloatFormat("bf16", 8, 7, 127),

@@ -6,25 +6,8 @@ fails, and how often to checkpoint.
     >>> mtbf = job_mtbf(gpus=16_000, daily_failure_rate=1e-4)  # seconds between failures
     >>> young_daly_interval(mtbf, t), overhead(young_daly_interval(mtbf, t), t, mtbf)
 
-- Size: what `torch.distributed.checkpoint` (DCP) saves for a training run with FSDP2's fp32
-  sharded parameters and AdamW: the fp32 weights (4 B/param, the master copy) and the two fp32
-  moments (8 B/param): 12 B/param (AdamW's per-tensor `step` counters are a few bytes, not
-  counted). kind="export": bf16 weights only (2 B/param), for inference.
-- Failures: a job of G GPUs, each failing at r per day independently, fails G x r times a day;
-  its mean time between failures is 1 / (G r) days. 0.01 %/GPU/day on 1,000 GPUs is 0.1
-  failures a day, one every 10 days (not "every 10 hours"); on 16,000 GPUs, 1.6 a day, one
-  every 15 hours.
-- Interval: Young's first-order optimum tau = sqrt(2 x delta x M) for a checkpoint that takes
-  delta seconds and a mean time between failures M (J. W. Young, "A first order approximation
-  to the optimum checkpoint interval", Communications of the ACM 17(9), 1974); J. T. Daly, "A
-  higher order estimate of the optimum checkpoint interval for restart dumps", Future
-  Generation Computer Systems 22(3), 2006, refines it to sqrt(2 delta M) - delta (for
-  delta < M / 2); both are `young_daly_interval(..., order=1 or 2)`.
-- Overhead at an interval tau: writing costs delta / tau of the time, and a failure loses on
-  average half an interval of work, tau / (2 M): overhead = delta / tau + tau / (2 M) (first
-  order; the restart time R adds R / M, `restart_seconds`). At Young's tau the two terms are
-  equal and the overhead is sqrt(2 delta / M).
-Pure Python, no torch.
+Sources: torch.distributed.checkpoint (what DCP saves), J. W. Young, CACM 17(9), 1974, and
+J. T. Daly, FGCS 22(3), 2006 (the interval); each formula is in its function. Pure Python.
 """
 from __future__ import annotations
 
@@ -42,7 +25,12 @@ MAX_SECONDS = 1e12                        # ~30,000 years: beyond any job
 def checkpoint_bytes(model, kind: str = "training") -> float:
     """Bytes of one checkpoint of `model` (a preset name, ModelSpec, transformers config or a
     parameter count): kind "training" 12 B/param (fp32 weights + AdamW's two fp32 moments, what
-    DCP saves for FSDP2 + AdamW), "export" 2 B/param (bf16 weights only)."""
+    DCP saves for FSDP2 + AdamW), "export" 2 B/param (bf16 weights only).
+
+    "training" is what `torch.distributed.checkpoint` (DCP) saves for a run with FSDP2's fp32
+    sharded parameters and AdamW: the fp32 weights (4 B/param, the master copy) and the two
+    fp32 moments (8 B/param); AdamW's per-tensor `step` counters are a few bytes, not counted.
+    "export" is for inference."""
     validate.choice("kind", kind, KINDS)
     if isinstance(model, numbers.Real) and not isinstance(model, bool):
         n = validate.positive("model (parameter count)", model, validate.MAX_PARAMS)
@@ -71,14 +59,22 @@ def failures_per_day(gpus: int, daily_failure_rate: float) -> float:
 
 
 def job_mtbf(gpus: int, daily_failure_rate: float) -> float:
-    """Mean time between failures of the whole job, in seconds: one day / (gpus x rate)."""
+    """Mean time between failures of the whole job, in seconds: one day / (gpus x rate).
+
+    A job of G GPUs, each failing at r per day independently, fails G x r times a day; its MTBF
+    is 1 / (G r) days. 0.01 %/GPU/day on 1,000 GPUs is 0.1 failures a day, one every 10 days
+    (not "every 10 hours"); on 16,000 GPUs, 1.6 a day, one every 15 hours."""
     return DAY / failures_per_day(gpus, daily_failure_rate)
 
 
 def young_daly_interval(mtbf, write_time, order: int = 1) -> float:
     """The checkpoint interval (seconds of work between checkpoints) that minimises the time
     lost: order 1, Young (1974): sqrt(2 x write_time x mtbf); order 2, Daly (2006):
-    sqrt(2 x write_time x mtbf) - write_time (needs write_time < mtbf / 2)."""
+    sqrt(2 x write_time x mtbf) - write_time (needs write_time < mtbf / 2).
+
+    J. W. Young, "A first order approximation to the optimum checkpoint interval",
+    Communications of the ACM 17(9), 1974; J. T. Daly, "A higher order estimate of the optimum
+    checkpoint interval for restart dumps", Future Generation Computer Systems 22(3), 2006."""
     m = validate.positive("mtbf", mtbf, MAX_SECONDS)
     d = validate.positive("write_time", write_time, MAX_SECONDS)
     validate.choice("order", order, (1, 2))
@@ -95,7 +91,8 @@ def young_daly_interval(mtbf, write_time, order: int = 1) -> float:
 def overhead(interval, write_time, mtbf, restart_seconds=0.0) -> float:
     """Expected fraction of time lost at checkpoint `interval` (first order): writing,
     write_time / interval, plus the work lost per failure, half an interval, interval /
-    (2 mtbf), plus restart_seconds / mtbf."""
+    (2 mtbf), plus restart_seconds / mtbf. At Young's interval the first two terms are equal
+    and the overhead is sqrt(2 write_time / mtbf)."""
     tau = validate.positive("interval", interval, MAX_SECONDS)
     d = validate.non_negative("write_time", write_time, MAX_SECONDS)
     m = validate.positive("mtbf", mtbf, MAX_SECONDS)

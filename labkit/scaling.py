@@ -1,5 +1,4 @@
-"""Data parallelism (DDP) as numbers: step time, scaling, stragglers, DistributedSampler, gradient
-accumulation. Pure Python, no torch.
+"""Data parallelism (DDP) as numbers: step time, scaling, stragglers, sampler, accumulation.
 
     >>> r = ddp_step_time("llama2-7b", 8, "nvlink4", compute_seconds=1.0)
     >>> r.compute, r.communication, r.exposed, r.total, r.ratio      # seconds; compute / comm
@@ -7,34 +6,8 @@ accumulation. Pure Python, no torch.
     >>> throughput_loss(0.4)                                         # 0.2857..., not 0.4
     >>> distributed_sampler_indices(10, 4, rank=3)                   # [3, 7, 1]
 
-Step time (`ddp_step_time`). One GPU's step = its forward + backward (`compute`) + the part of
-the gradient all-reduce the backward could not hide (`exposed`):
-- Gradient bytes G = Psi x grad_bytes, Psi the parameters (`labkit.comm.step_communication
-  ("ddp")`, the same prediction the labs measure). PyTorch DDP reduces them in buckets of
-  `bucket_cap_mb` MiB (2^20 bytes; torch's `_MB_TO_BYTES = 1024 * 1024`): here k = ceil(G / C)
-  buckets of C = bucket_size_mb x 2^20 bytes, the last one holding the rest. (torch closes a bucket
-  at a parameter boundary and makes its first one 1 MiB; neither is modelled.)
-- Each bucket is one ring all-reduce, `labkit.comm.collective_time("all_reduce", ...)` =
-  2(N-1) alpha + 2(N-1)/N x bytes / B: the latency term 2(N-1) alpha is paid once per bucket, so
-  small buckets cost more in all (Li et al. 2020, "PyTorch Distributed: Experiences on
-  Accelerating Data Parallel Training", VLDB, §3.2.2 and the bucket-size experiments of §5).
-  `communication` is the sum of the k all-reduces run back to back.
-- Overlap (Li et al. 2020, §3.2.3): the backward takes T_b = backward_fraction x compute (default
-  2/3: a backward costs two forwards, 4N of the 6N FLOPs per token, Kaplan et al. 2020, §2.1).
-  Gradients are taken to become ready at a steady rate over the backward, so bucket j < k is
-  ready at r_j = T_b j C / G and the last at T_b. The all-reduces run one after another (one
-  communication stream) and none starts before w = (1 - overlap) T_b: `overlap` is the share of
-  the backward, at its end, that communication can run beside (0: communication starts when the
-  backward ends, as in NaiveDDP; 1: all of it). Bucket j starts at max(r_j, w, end of bucket
-  j - 1); the last one ends at E = max over j of (max(r_j, w) + c_j + ... + c_k) (the end of a
-  first-come-first-served queue), and `exposed` = E - T_b. The last bucket is ready only when
-  the backward ends, so its all-reduce is never hidden: exposed >= c_k.
-- total = compute + exposed; ratio = compute / communication (inf on one GPU).
-
-Scaling (`scaling_curve`): throughput and efficiency = throughput(N) / (N x throughput(1)) over N
-GPUs; "weak" keeps each GPU's batch (and compute) fixed, "strong" splits a fixed global batch
-(each GPU computes 1/N of it). Both give efficiency = compute(N) / total(N). DDP stops scaling at the first N
-whose efficiency is below `threshold`.
+The models, after Li et al. 2020 ("PyTorch Distributed", VLDB, §3.2): `ddp_step_time` (buckets,
+overlap) and `scaling_curve` (weak and strong scaling). Pure Python, no torch.
 """
 from __future__ import annotations
 
@@ -152,7 +125,7 @@ def ddp_step_time(model, gpus, link="nvlink4", *, compute_seconds=None, flops=No
                   mfu=None, dtype="bf16", grad_bytes=4, bucket_size_mb=25.0, overlap=1.0,
                   backward_fraction=BACKWARD_FRACTION, bandwidth=None, latency=None,
                   algorithm="ring") -> DDPStepTime:
-    """One GPU's DDP step (module docstring): compute + exposed communication.
+    """One GPU's DDP step: compute + exposed communication (the model: below).
 
     model: a parameter count, a preset name (`labkit.models.PRESETS`) or a ModelSpec; every
         parameter's gradient is all-reduced. gpus: data-parallel ranks N.
@@ -162,6 +135,32 @@ def ddp_step_time(model, gpus, link="nvlink4", *, compute_seconds=None, flops=No
     grad_bytes: bytes per gradient value (4: fp32, what torch DDP reduces under autocast, where
         parameters stay fp32), or a format name from `labkit.precision.FORMATS` ("bf16").
     bucket_size_mb (MiB, as torch's bucket_cap_mb), overlap (0-1), backward_fraction (0-1].
+
+    One GPU's step = its forward + backward (`compute`) + the part of the gradient all-reduce
+    the backward could not hide (`exposed`):
+    - Gradient bytes G = Psi x grad_bytes, Psi the parameters (`labkit.comm.step_communication
+      ("ddp")`, the same prediction the labs measure). PyTorch DDP reduces them in buckets of
+      `bucket_cap_mb` MiB (2^20 bytes; torch's `_MB_TO_BYTES = 1024 * 1024`): here
+      k = ceil(G / C) buckets of C = bucket_size_mb x 2^20 bytes, the last one holding the
+      rest. (torch closes a bucket at a parameter boundary and makes its first one 1 MiB;
+      neither is modelled.)
+    - Each bucket is one ring all-reduce, `labkit.comm.collective_time("all_reduce", ...)` =
+      2(N-1) alpha + 2(N-1)/N x bytes / B: the latency term 2(N-1) alpha is paid once per
+      bucket, so small buckets cost more in all (Li et al. 2020, "PyTorch Distributed:
+      Experiences on Accelerating Data Parallel Training", VLDB, §3.2.2 and the bucket-size
+      experiments of §5). `communication` is the sum of the k all-reduces run back to back.
+    - Overlap (Li et al. 2020, §3.2.3): the backward takes T_b = backward_fraction x compute
+      (default 2/3: a backward costs two forwards, 4N of the 6N FLOPs per token, Kaplan et al.
+      2020, §2.1). Gradients are taken to become ready at a steady rate over the backward, so
+      bucket j < k is ready at r_j = T_b j C / G and the last at T_b. The all-reduces run one
+      after another (one communication stream) and none starts before w = (1 - overlap) T_b:
+      `overlap` is the share of the backward, at its end, that communication can run beside
+      (0: communication starts when the backward ends, as in NaiveDDP; 1: all of it). Bucket j
+      starts at max(r_j, w, end of bucket j - 1); the last one ends at E = max over j of
+      (max(r_j, w) + c_j + ... + c_k) (the end of a first-come-first-served queue), and
+      `exposed` = E - T_b. The last bucket is ready only when the backward ends, so its
+      all-reduce is never hidden: exposed >= c_k.
+    - total = compute + exposed; ratio = compute / communication (inf on one GPU).
     """
     n = validate.positive_int("gpus", gpus, validate.MAX_RANKS)
     f = validate.non_negative("overlap", overlap, 1.0)
@@ -255,6 +254,11 @@ def scaling_curve(model, gpus, link="nvlink4", *, scaling="weak", batch=1.0, at_
     split over `at_gpus` GPUs (1: all of it), so N GPUs do compute x at_gpus / N each
     (throughput = batch / total). `step`: the other keywords of `ddp_step_time` (grad_bytes,
     bucket_size_mb, overlap, ...).
+
+    Throughput and efficiency = throughput(N) / (N x throughput(1)) over N GPUs; "weak" keeps
+    each GPU's batch (and compute) fixed, "strong" splits a fixed global batch (each GPU
+    computes 1/N of it). Both give efficiency = compute(N) / total(N). DDP stops scaling at the
+    first N whose efficiency is below `threshold`.
     """
     validate.choice("scaling", scaling, SCALING)
     b = validate.positive("batch", batch)

@@ -6,33 +6,8 @@
     >>> c.memory.params, c.memory.activations           # bytes per rank (estimate_memory)
     >>> crossing_tp("llama2-7b", link="ib-ndr")          # smallest tp where comm >= compute
 
-Everything is per transformer layer and micro-batch (forward + backward), on one tensor-parallel
-rank, t = tp, b = batch_size, s = seq_len, h = hidden_size:
-
-- communication (Megatron-LM, Shoeybi et al. 2019, §3 and Figure 4): the g operator all-reduces
-  the b s h activations after attention and after the MLP in the forward, the f operator the
-  input gradients in the backward: 4 all-reduces of S = b s h x activation bytes per layer, from
-  `labkit.comm.step_communication("tp")` (its counts divided by the layers). With sequence
-  parallelism each becomes an all-gather + a reduce-scatter of the same S (Korthikanti et al.
-  2022, §4.2.2): the same ring bytes, 2(t-1)/t S per all-reduce, and the same 2(t-1) latency
-  steps. Time from `labkit.comm.collective_time` (ring, alpha-beta) on the link's per-direction
-  bandwidth and latency: per layer 4 x (2(t-1) alpha + 2(t-1)/t S / B).
-- compute: the layer's training FLOPs, 6 x params_per_layer x b s plus 3 x the forward attention
-  FLOPs 4 (a d_head) s x b s (`labkit.flops`, Kaplan et al. 2020 and PaLM's Appendix B), split
-  evenly over the t ranks, at peak x MFU (`labkit.hardware.GPUS`, dense).
-- the ratio comm / compute is about 8 (t-1) h x bytes x peak x MFU / (B x 6 x 12 h^2) for a GPT
-  layer: it grows with t - 1 and falls with the bandwidth B; it does not depend on b (both
-  sides scale with b s) and falls a little with s (the attention FLOPs grow with s). Llama-2-7B
-  on H100s at 50 % MFU: on NVLink 4 (450 GB/s per direction) the ratio is 0.43 at tp = 8, inside
-  a node; over one InfiniBand NDR port per GPU (50 GB/s) it is 0.46 already at tp = 2 and
-  exceeds 1 from tp = 4. Hence Narayanan et al. 2021, §3.2: tensor parallelism up to the GPUs of
-  a server (NVLink), pipeline parallelism across servers.
-- efficiency: compute / (compute + exposed communication), bounded by no overlap (Megatron-LM's
-  TP collectives sit on the critical path: exposed = comm) and full overlap (exposed =
-  max(0, comm - compute), what overlapping the collectives with the GEMMs could reach at best).
-- memory per rank: `labkit.memory.estimate_memory(tp=..., sequence_parallel=...)` (weights split
-  over t; activations per Korthikanti et al. 2022, §4: only the parts inside the TP region
-  shrink without sequence parallelism, everything with it).
+Sources: Megatron-LM (Shoeybi et al. 2019, §3), sequence parallelism (Korthikanti et al. 2022),
+TP inside a server, PP across (Narayanan et al. 2021, §3.2). The model, term by term: `tp_cost`.
 """
 from __future__ import annotations
 
@@ -142,7 +117,7 @@ def layer_communication(model, tp, batch_size=1, seq_len=None, sequence_parallel
 
 def tp_cost(model, tp, link="nvlink4", gpu="h100-sxm", mfu=0.5, batch_size=1, seq_len=None,
             precision="bf16-mixed", sequence_parallel=False, causal=False) -> TPCost:
-    """Per-layer TP communication vs compute for one rank (see the module docstring).
+    """Per-layer TP communication vs compute for one rank (the model: below).
 
     model: a preset name, ModelSpec or config. tp: the tensor-parallel degree (must divide the
     heads, the KV heads and the MLP width). link: a key of `labkit.hardware.LINKS` or a Link (the
@@ -151,6 +126,35 @@ def tp_cost(model, tp, link="nvlink4", gpu="h100-sxm", mfu=0.5, batch_size=1, se
     model's context. precision: as `estimate_memory` takes it; the activations' bytes on the wire
     and the tensor-core mode. sequence_parallel: all-gather + reduce-scatter instead of
     all-reduce (tp must then divide seq_len). causal: count half the attention scores' FLOPs.
+
+    Everything is per transformer layer and micro-batch (forward + backward), on one
+    tensor-parallel rank, t = tp, b = batch_size, s = seq_len, h = hidden_size:
+    - communication (Megatron-LM, Shoeybi et al. 2019, §3 and Figure 4): the g operator
+      all-reduces the b s h activations after attention and after the MLP in the forward, the f
+      operator the input gradients in the backward: 4 all-reduces of S = b s h x activation
+      bytes per layer, from `labkit.comm.step_communication("tp")` (its counts divided by the
+      layers). With sequence parallelism each becomes an all-gather + a reduce-scatter of the
+      same S (Korthikanti et al. 2022, §4.2.2): the same ring bytes, 2(t-1)/t S per all-reduce,
+      and the same 2(t-1) latency steps. Time from `labkit.comm.collective_time` (ring,
+      alpha-beta) on the link's per-direction bandwidth and latency: per layer
+      4 x (2(t-1) alpha + 2(t-1)/t S / B).
+    - compute: the layer's training FLOPs, 6 x params_per_layer x b s plus 3 x the forward
+      attention FLOPs 4 (a d_head) s x b s (`labkit.flops`, Kaplan et al. 2020 and PaLM's
+      Appendix B), split evenly over the t ranks, at peak x MFU (`labkit.hardware.GPUS`, dense).
+    - the ratio comm / compute is about 8 (t-1) h x bytes x peak x MFU / (B x 6 x 12 h^2) for a
+      GPT layer: it grows with t - 1 and falls with the bandwidth B; it does not depend on b
+      (both sides scale with b s) and falls a little with s (the attention FLOPs grow with s).
+      Llama-2-7B on H100s at 50 % MFU: on NVLink 4 (450 GB/s per direction) the ratio is 0.43
+      at tp = 8, inside a node; over one InfiniBand NDR port per GPU (50 GB/s) it is 0.46
+      already at tp = 2 and exceeds 1 from tp = 4. Hence Narayanan et al. 2021, §3.2: tensor
+      parallelism up to the GPUs of a server (NVLink), pipeline parallelism across servers.
+    - efficiency: compute / (compute + exposed communication), bounded by no overlap
+      (Megatron-LM's TP collectives sit on the critical path: exposed = comm) and full overlap
+      (exposed = max(0, comm - compute), what overlapping the collectives with the GEMMs could
+      reach at best).
+    - memory per rank: `labkit.memory.estimate_memory(tp=..., sequence_parallel=...)` (weights
+      split over t; activations per Korthikanti et al. 2022, §4: only the parts inside the TP
+      region shrink without sequence parallelism, everything with it).
     """
     spec = get_model(model)
     t = check_tp(spec, tp)

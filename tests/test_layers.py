@@ -1,9 +1,10 @@
-"""labkit's layers: a lower layer never imports a higher one (DESIGN "labkit", docs/labkit.md).
+"""labkit's layers: a lower layer never imports a higher one (DESIGN "labkit", docs/labkit.md);
+no two modules import each other, however indirectly; a lab imports only its own parts and
+labkit.labs.common, never another lab; labkit/labs/ holds one entry per lab.
 
 Every import in the package is checked, including those inside functions (a lazy import still
-ties the layers together), and the cost models may not import torch at module level. The rules
-are also applied to a small tree written here that breaks each of them, so the checker is shown
-to fail when it should.
+ties the modules together), and the cost models may not import torch at module level. Each rule
+is also applied to a small tree written here that breaks it, so the checker fails when it should.
 """
 from __future__ import annotations
 
@@ -32,9 +33,9 @@ ALLOWED = {
     "course": {"cost", "plots", "widgets", "runtime", "parallel", "labs", "course"},
     "cli": set(LAYER_OF.values()),
 }
-# The package root (`labkit/__init__.py` re-exports run_lab lazily; `_moved.py` aliases the 0.1
-# paths for one release) and `__main__` sit outside the layers.
-EXEMPT = {"__init__", "__main__", "_moved"}
+# The package root (`labkit/__init__.py` re-exports run_lab lazily) and `__main__` sit outside
+# the layers.
+EXEMPT = {"__init__", "__main__"}
 HEAVY = ("torch", "transformers", "matplotlib", "ipywidgets")
 
 
@@ -79,8 +80,6 @@ def violations(root: Path) -> list[str]:
             if bits[0] == "labkit" and len(bits) > 1:
                 target = bits[1]
                 if target in EXEMPT:
-                    if target == "_moved":
-                        found.append(f"{where}: imports labkit._moved (old paths are for learners)")
                     continue
                 other = LAYER_OF.get(target)
                 if other is not None and other not in ALLOWED[layer]:
@@ -137,34 +136,162 @@ def test_checker_allows_what_the_rules_allow(tmp_path):
     assert violations(root) == []
 
 
-def test_old_module_paths_still_import_for_one_release():
-    """0.1 paths resolve to the very same module objects, each with a DeprecationWarning naming
-    the new path; `import labkit` itself stays free of torch."""
-    import subprocess
-    import sys
-    code = r'''
-import sys, warnings
-warnings.simplefilter("always")
-with warnings.catch_warnings(record=True) as caught:
-    import labkit
-    assert "torch" not in sys.modules
-    from labkit import run_lab, LabError
-    assert "torch" not in sys.modules, "from labkit import run_lab must stay lazy"
-    import labkit.runtime.launch as new_launch
-    from labkit.launch import run_lab as old_run_lab
-    from labkit import grading
-    import labkit.commands.grade as old_grade
-    import labkit.cli.grade as new_grade
-    from labkit._moved import MOVED
+# ---------------------------------------------------------------------------------------------
+# import cycles, and labs that import each other
+
+def module_name(path: Path, root: Path) -> str:
+    parts = (root.name,) + path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """{module: the package's modules it imports}, lazy imports included. `from pkg import sub`
+    (sub a module) is an edge to sub alone: importing pkg first is Python's doing, not a
+    dependency of the importer on pkg's own code."""
+    paths = {module_name(p, root): p for p in root.rglob("*.py")}
+    graph = {}
+    for mod, path in paths.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    bits = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(bits + ([node.module] if node.module else []))
+                subs = [f"{base}.{a.name}" for a in node.names]
+                names = subs if all(s in paths for s in subs) else [base] + [s for s in subs if s in paths]
+            else:
+                continue
+            edges |= {n for n in names if n in paths and n != mod}
+        graph[mod] = edges
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index, low, stack, on, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def lab_of(module: str) -> str | None:
+    """The lab a module belongs to ('ddp' for labkit.labs.ddp.check), 'common', or None."""
+    bits = module.split(".")
+    return bits[2] if len(bits) > 2 and bits[1] == "labs" else None
+
+
+def cross_lab_imports(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{m} imports {t}" for m, targets in graph.items() for t in targets
+                  if lab_of(m) not in (None, "common") and lab_of(t) not in (None, "common")
+                  and lab_of(t) != lab_of(m))
+
+
+def test_no_module_imports_itself_through_others():
+    found = cycles(import_graph(PKG))
+    assert not found, "import cycles (each module of a cycle cannot be read or tested alone):\n" + \
+        "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_labs_import_only_their_own_parts_and_common():
+    graph = import_graph(PKG)
+    assert not cross_lab_imports(graph), "\n".join(cross_lab_imports(graph))
+    common = [m for m in graph if lab_of(m) == "common"]
+    assert common, "labkit.labs.common is missing"
+    up = sorted(f"{m} imports {t}" for m in common for t in graph[m] if lab_of(t) not in (None, "common"))
+    assert not up, "labkit.labs.common must not import a lab:\n" + "\n".join(up)
+
+
+def test_labs_folder_lists_one_entry_per_lab():
+    """Each entry of labkit/labs/ is a lab program (a module with main(), or a package that
+    `python -m` runs), besides __init__.py and common/."""
+    for entry in sorted((PKG / "labs").iterdir()):
+        if entry.name in ("__init__.py", "common", "__pycache__"):
+            continue
+        if entry.is_dir():
+            assert (entry / "__main__.py").exists() and (entry / "lab.py").exists(), \
+                f"labkit/labs/{entry.name}/ is not a lab: it needs lab.py and __main__.py"
+            program = entry / "lab.py"
+        else:
+            assert entry.suffix == ".py" and not entry.name.startswith("_"), \
+                f"labkit/labs/{entry.name}: a part of a lab belongs in that lab's folder"
+            program = entry
+        tree = ast.parse(program.read_text())
+        assert any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in tree.body), \
+            f"{program.relative_to(PKG.parent)} has no main(): every lab is a program"
+
+
+def test_old_module_paths_are_gone():
+    """labkit 0.1's paths (labkit.launch, labkit.grading, ...) and the 0.2 flat lab parts are
+    not importable: the course uses only the current paths."""
     import importlib
-    for old, new in MOVED.items():
-        assert importlib.import_module(old) is importlib.import_module(new), old
-assert run_lab is old_run_lab is new_launch.run_lab and LabError is new_launch.LabError
-assert grading.__name__ == "labkit.course.grading" and old_grade is new_grade
-messages = {str(w.message) for w in caught if w.category is DeprecationWarning}
-assert "labkit.launch moved to labkit.runtime.launch in labkit 0.2; the old name goes in 0.3" in messages, messages
-assert any(m.startswith("labkit.grading moved to labkit.course.grading") for m in messages), messages
-print("ok")
-'''
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+    assert not (PKG / "_moved.py").exists()
+    for old in ("labkit.launch", "labkit.grading", "labkit.commands", "labkit.labs._ddp_measure",
+                "labkit.labs.ddp_exercise", "labkit.labs._pp_common"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(old)
+
+
+def _tree(tmp_path, files: dict) -> Path:
+    root = tmp_path / "labkit"
+    for rel, code in files.items():
+        (root / Path(rel)).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(code)
+    return root
+
+
+def test_cycle_checker_finds_direct_lazy_and_long_cycles(tmp_path):
+    root = _tree(tmp_path, {
+        "__init__.py": "", "a.py": "import labkit.b\n", "b.py": "def f():\n    from labkit import a\n",
+        "labs/__init__.py": "", "labs/x/__init__.py": "from labkit.labs.x.lab import main\n",
+        "labs/x/lab.py": "from labkit.labs.x import part\ndef main(): pass\n",
+        "labs/x/part.py": "from labkit.labs.x.other import y\n",
+        "labs/x/other.py": "from .part import z\ny = 1\n"})
+    assert cycles(import_graph(root)) == [["labkit.a", "labkit.b"],
+                                          ["labkit.labs.x.other", "labkit.labs.x.part"]]
+
+
+def test_cycle_checker_allows_a_package_that_reexports_its_parts(tmp_path):
+    root = _tree(tmp_path, {
+        "__init__.py": "", "labs/__init__.py": "", "labs/common/__init__.py": "",
+        "labs/common/util.py": "x = 1\n",
+        "labs/x/__init__.py": "from labkit.labs.x.lab import main\n",
+        "labs/x/lab.py": "from labkit.labs.x import part\nfrom labkit.labs.common.util import x\n",
+        "labs/x/part.py": "from labkit.labs.common import util\n"})
+    graph = import_graph(root)
+    assert cycles(graph) == [] and cross_lab_imports(graph) == []
+
+
+def test_cross_lab_checker_names_the_import(tmp_path):
+    root = _tree(tmp_path, {
+        "__init__.py": "", "labs/__init__.py": "", "labs/x/__init__.py": "", "labs/y/__init__.py": "",
+        "labs/x/lab.py": "def main():\n    from labkit.labs.y.lab import helper\n",
+        "labs/y/lab.py": "def helper(): pass\n"})
+    assert cross_lab_imports(import_graph(root)) == ["labkit.labs.x.lab imports labkit.labs.y.lab"]

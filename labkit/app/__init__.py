@@ -1,9 +1,5 @@
-"""The course's calculators as one standalone web app (`labkit calculators`, served by Voila).
-
-`calculators.ipynb` beside this file is the page Voila serves: a title and `CalculatorsApp()`.
-The app is a tab per calculator, each headed by the one question it answers. A calculator is
-built when its tab is first opened (the first at start-up), so the page comes up in the time one
-calculator takes, not all ten (about 14 s on 2 cores).
+"""The course's calculators as one standalone web app (`labkit calculators`, served by Voila from
+`calculators.ipynb` beside this file: a title and `CalculatorsApp()`, a tab per calculator).
 
     >>> from labkit.app import CalculatorsApp
     >>> app = CalculatorsApp()              # in a notebook, `app.widget` displays it
@@ -77,9 +73,11 @@ def _question_html(entry: Entry) -> str:
 
 
 class CalculatorsApp:
-    """One tab per calculator in `CALCULATORS`; `widget` is what the page shows. A tab's
-    calculator is built the first time the tab is selected (`calculator(key)` builds it too);
-    one that fails to build shows the message in its tab, never a traceback."""
+    """One tab per calculator in `CALCULATORS`, each headed by the one question it answers;
+    `widget` is what the page shows. A tab's calculator is built the first time the tab is
+    selected (`calculator(key)` builds it too; the first tab's at start-up), so the page comes
+    up in the time one calculator takes, not all ten (about 14 s on 2 cores). One that fails to
+    build shows the message in its tab, never a traceback."""
 
     def __init__(self, selected: str = KEYS[0]):
         if selected not in KEYS:

@@ -3,13 +3,11 @@
     labkit bench 3d                             # the three layouts, 4 AdamW steps each
     labkit bench 3d --steps 6 -- --layers 8 --hidden 128
 
-Runs `labkit.labs.threed --part 2d` (4 ranks: tp2 x dp2, TP then FSDP2), `--part ppdp` (4
-ranks: 1F1B over pp2, FSDP2 over dp2) and `--part 3d` (8 ranks: pp2 x dp2 x tp2) on the same
-model and global batch, and prints per layout the median step time (the first step left out),
-the loss difference from one process, and the model-state bytes of rank 0 beside
-labkit.memory's. On a CPU box the ranks share the cores, so more ranks is slower here: the
-times show what communication and contention cost, not a cluster's speed-up. Every other flag
-goes to the lab.
+Runs `labkit.labs.threed --part 2d` (4 ranks: tp2 x dp2), `--part ppdp` (4 ranks: pp2 x dp2) and
+`--part 3d` (8 ranks: pp2 x dp2 x tp2) on one model and global batch; prints per layout the
+median step time, the loss difference from one process, and rank 0's model-state bytes beside
+labkit.memory's. On CPU the ranks share the cores: the times show what communication and
+contention cost, not a speed-up. Every other flag goes to the lab.
 """
 from __future__ import annotations
 

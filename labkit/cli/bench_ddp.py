@@ -3,17 +3,11 @@
     labkit bench ddp                         # 2 ranks (one per GPU on a GPU node), 20 steps
     labkit bench ddp -- --nproc 4 --steps 40 --bucket-mb 0.5
 
-Runs `labkit.labs.ddp --part compare` (its docstring says what is measured and how): NaiveDDP,
-OverlappedDDP, BucketedDDP and torch.nn.parallel.DistributedDataParallel train copies of one
-transformers GPT-2 on the same data, interleaved step by step, with a compute-only step
-("local") beside them. Prints each one's median step time and samples per second (global batch
-/ step time), then:
-- throughput of BucketedDDP / torch DDP (issue 14's goal: >= 0.9);
-- the overlap gain: naive's step time / bucketed's (and / overlapped's), with the
-  communication each leaves exposed (step time - the compute-only step).
-Figures are noisy when other work shares the cores: the steps are interleaved so that noise
-hits every implementation alike, and the ratios are the figures to read. Every other flag goes
-to the lab.
+Runs `labkit.labs.ddp --part compare`: NaiveDDP, OverlappedDDP, BucketedDDP and torch's DDP train
+copies of one GPT-2, interleaved step by step (so noise hits each alike), beside a compute-only
+step. Prints median step times, BucketedDDP / torch DDP throughput (goal: >= 0.9) and overlap's
+gain (naive / bucketed) with the communication each leaves exposed: read the ratios. Every
+other flag goes to the lab.
 """
 from __future__ import annotations
 

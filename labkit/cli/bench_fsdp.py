@@ -3,14 +3,11 @@
     labkit bench fsdp                        # 2 ranks (one per GPU on a GPU node), 6 steps
     labkit bench fsdp -- --nproc 4 --steps 10 --model gpt2 --layers 4
 
-Runs `labkit.labs.fsdp --part options` (its docstring, and labkit.labs._fsdp_options', say what
-is measured and how): the default (per block, reshard_after_forward=True, fp32) and each option
-train copies of one transformers model on the same data, interleaved step by step. Prints, per
-option, the median step time and its ratio to the default's, the unsharded-parameter bytes at
-the peak and held between forward and backward, the collectives' bytes (S) as a multiple of the
-default's, and the saved activations. Figures are noisy when other work shares the cores: the
-steps are interleaved so that noise hits every option alike, and the ratios are the figures to
-read. Every other flag goes to the lab.
+Runs `labkit.labs.fsdp --part options`: the default (per block, reshard_after_forward=True, fp32)
+and each option train copies of one model, interleaved step by step (so noise hits each alike).
+Prints per option the median step time and its ratio to the default's, the unsharded-parameter
+bytes (at the peak, and held between forward and backward), the collectives' bytes as a multiple
+of the default's, and the saved activations. Every other flag goes to the lab.
 """
 from __future__ import annotations
 

@@ -2,15 +2,12 @@
 
     labkit bench launcher [--nproc 4] [--repeat 3] [--no-transformers]
 
-Times from the run_lab call to its result, median of --repeat:
-- hello (labkit.labs.hello) from the pool when it is cold (started by this call: its one
-  `import torch` included), from the warm pool, via run_lab(launcher="torchrun"), and with
-  `python -m torch.distributed.run` started directly on the same lab;
-- a lab that uses transformers (labkit.labs.memory, the debug GPT-2 from a config) from the
-  warm pool once it has imported transformers, and via torchrun.
-Targets on a 2-core laptop (issue 12): warm hello <= 1.0 s, cold pool no slower than torchrun,
-warm transformers lab <= 2 s. Figures are noisy when other work shares the cores; the ratios
-are the figures to read.
+Times from the run_lab call to its result, median of --repeat: hello from the cold pool (its
+`import torch` included), the warm pool, run_lab(launcher="torchrun") and a bare
+`python -m torch.distributed.run`; a transformers lab (labkit.labs.memory) from the warm pool
+and via torchrun. Targets on a 2-core laptop (issue 12): warm hello <= 1.0 s, cold pool no
+slower than torchrun, warm transformers lab <= 2 s. Other work on the cores adds noise: read
+the ratios.
 """
 from __future__ import annotations
 

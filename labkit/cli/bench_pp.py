@@ -3,15 +3,11 @@
     labkit bench pp                          # 4 ranks: by hand (GPipe, 1F1B) and torch's four
     labkit bench pp -- --nproc 2 --steps 5 --sleep 0.05 --microbatches 16
 
-Runs `labkit.labs.pp --part byhand` (labkit.parallel.pipe's GPipe and 1F1B) and `--part torch`
-(torch.distributed.pipelining's ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B,
-ScheduleInterleavedZeroBubble) on --nproc ranks (default 4, one stage each). Each stage sleeps
---sleep seconds per forward (2x per backward) beside its real compute, so the timeline is the
-schedule's even on shared CPU cores. Prints per schedule the measured step (the first operation's
-start to the last one's end), the simulator's at the measured operation costs
-(labkit.pipeline.simulate), the idle shares measured, simulated and in closed form, and their
-difference in points. --steps is the lab's --repeats (the median step is reported); every other
-flag goes to the lab.
+Runs `labkit.labs.pp --part byhand` and `--part torch` on --nproc ranks (one stage each); each
+stage sleeps --sleep s per forward (2x per backward) so that the timeline is the schedule's even
+on shared cores. Prints per schedule the measured step, the simulator's at the measured costs
+(labkit.pipeline.simulate), and the idle shares measured, simulated and in closed form.
+--steps is the lab's --repeats (the median step is reported); every other flag goes to the lab.
 """
 from __future__ import annotations
 

@@ -3,14 +3,11 @@
     labkit bench tp                          # tp 1, 2 and 4, 3 timed steps each
     labkit bench tp -- --degrees 2 4 --steps 5 --layers 4 --hidden 128
 
-Runs `labkit.labs.tp --part block` (labkit.parallel.tensor's Megatron layers, forward and
-backward) and `--part dtensor --plan fused` (transformers' Llama under parallelize_module, a
-training step) once per degree, on that many ranks. Prints per degree the median step time, the
-collectives' payload S per step (nccl-tests' convention) and the bytes a ring puts on the wire
-per rank (labkit.comm.bytes_sent_per_rank), beside step_communication("tp")'s. On a CPU box the
-ranks share the cores, so a higher tp is slower here: the times show what communication and
-contention cost, not a GPU's speed-up; the bytes are the figures to read. Every other flag goes
-to the lab.
+Runs `labkit.labs.tp --part block` (labkit.parallel.tensor's Megatron layers) and `--part dtensor
+--plan fused` (transformers' Llama under parallelize_module) once per degree. Prints per degree
+the median step time, the collectives' payload S per step and the bytes a ring puts on the wire
+per rank, beside step_communication("tp")'s. On CPU the ranks share the cores, so the bytes are
+the figures to read, not the times. Every other flag goes to the lab.
 """
 from __future__ import annotations
 

@@ -3,15 +3,11 @@
     labkit bench zero                        # 2 ranks (one per GPU on a GPU node), 12 steps
     labkit bench zero -- --nproc 4 --steps 20 --hidden 256 --layers 4
 
-Runs `labkit.labs.zero` (its docstring says what is measured and how): torch DDP, labkit's
-ZeRO-1, ZeRO-2, ZeRO-3 and torch's ZeroRedundancyOptimizer train copies of one transformers
-Llama on the same data, interleaved step by step. Prints, per implementation, the median step
-time and its ratio to DDP's, the model-state bytes rank 0 holds and their share of DDP's, and
-the bytes a ring would send per rank for the collectives one step issued, as a multiple of
-DDP's (1, 1, 1.5 for stages 1, 2, 3; torch's ZeRO-1 adds a broadcast to DDP's all-reduce: 1.5).
-Figures are noisy when other work shares the cores: the steps are interleaved so that noise
-hits every implementation alike, and the ratios are the figures to read. Every other flag goes
-to the lab.
+Runs `labkit.labs.zero`: torch DDP, labkit's ZeRO-1, -2, -3 and torch's ZeroRedundancyOptimizer
+train copies of one Llama, interleaved step by step (so noise hits each alike). Prints per
+implementation the median step time and its ratio to DDP's, rank 0's model-state bytes and their
+share of DDP's, and the ring bytes per rank as a multiple of DDP's (1, 1, 1.5 for stages 1, 2,
+3; torch's ZeRO-1: 1.5). Every other flag goes to the lab.
 """
 from __future__ import annotations
 

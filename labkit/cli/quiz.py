@@ -1,7 +1,5 @@
-"""`labkit quiz`: the interview question bank (`labkit.quiz`) in the terminal. Each question is
-printed (numbered, with its unit or lettered options), one answer line is read from stdin and
-checked by the bank (the answer computed by labkit for the numbers drawn), the verdict and the
-worked explanation follow; at the end the score, by topic and difficulty.
+"""`labkit quiz`: the interview question bank (`labkit.quiz`) in the terminal: each answer is
+checked by the bank, then the worked explanation; at the end the score by topic and difficulty.
 
     labkit quiz                                  # 10 questions from the whole bank
     labkit quiz --topic pp tp --difficulty 2 --count 5 --seed 7
@@ -9,10 +7,7 @@ worked explanation follow; at the end the score, by topic and difficulty.
     labkit quiz --list                           # questions per topic and difficulty
     printf '12.5\\nb\\n' | labkit quiz --count 2 --seed 7    # answers piped in
 
-Answers may be piped in: at the end of the input the remaining questions count as unanswered
-and the score is still printed. A seed gives the same questions as the quiz widget with that
-seed (both call the bank as `draw_session` says). Exit 0 after a session (or --list), 2 on bad
-arguments, with a message naming what is allowed.
+Exit 0 after a session (or --list), 2 on bad arguments. Piped answers and seeds: `run`.
 """
 from __future__ import annotations
 
@@ -184,6 +179,11 @@ def print_list(topic, difficulty, out) -> None:
 
 
 def run(args, stdin=None, out=None, clock=time.monotonic) -> int:
+    """Ask each question (numbered, with its unit or lettered options), read one answer line
+    from `stdin`, print the bank's verdict and the worked explanation; then the score. Answers
+    may be piped in: at the end of the input the remaining questions count as unanswered and
+    the score is still printed. A seed gives the same questions as the quiz widget with that
+    seed (both call the bank as `draw_session` says)."""
     stdin = sys.stdin if stdin is None else stdin
     out = sys.stdout if out is None else out
     try:

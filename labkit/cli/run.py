@@ -1,18 +1,13 @@
 """`labkit run LAB [-n N] [--timeout S] [--launcher pool|torchrun] [-- LAB ARGS]`: run a lab.
 
-On one Linux machine the ranks are forked from a warm pool (labkit.runtime.pool); across nodes,
-or with `--launcher torchrun` (or LABKIT_LAUNCHER=torchrun), they run under torchrun. From the
-shell each command starts its own pool, so the gain is in notebooks and tests, which run many.
-
     labkit run hello -n 2
     labkit run hello -n 2 --launcher torchrun          # the standard path, for comparison
-    labkit run labkit.labs.hello -n 4 --timeout 60
     labkit run path/to/lab.py -n 2 -- --steps 10        # lab arguments after --
     # two nodes (run on each, same endpoint; R = 0 on the node that hosts the endpoint):
     labkit run hello -n 4 --nnodes 2 --node-rank R --rdzv-endpoint HOST:29400
 
 Exit status: 0 when every rank succeeded, 1 when the lab failed (the reason is printed),
-2 for bad arguments, 130 when interrupted.
+2 for bad arguments, 130 when interrupted. Which launcher runs it: `run`.
 """
 from __future__ import annotations
 
@@ -82,6 +77,10 @@ def _check_nodes(nnodes: int, node_rank: int | None) -> None:
 
 
 def run(args) -> int:
+    """Run the lab through run_lab. On one Linux machine the ranks are forked from a warm pool
+    (labkit.runtime.pool); across nodes, or with `--launcher torchrun` (or
+    LABKIT_LAUNCHER=torchrun), they run under torchrun. From the shell each command starts its
+    own pool, so the gain is in notebooks and tests, which run many labs."""
     from labkit.runtime.launch import LabError, run_lab
 
     lab_args = _split(args)

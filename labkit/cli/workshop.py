@@ -2,17 +2,12 @@
 
     labkit workshop check                     # every check, one run of each lab program
     labkit workshop check --quick             # the machine, GPUs and 3 short labs (~30 s on CPU)
-    labkit workshop check --labs ddp,05       # these labs (a lab, a module, or a run: ddp:compare)
-    labkit workshop check --labs all --json > $(hostname).json   # every lab run of the course
+    labkit workshop check --labs all --json > $(hostname).json   # or --labs ddp,05,ddp:compare
     labkit workshop budget --learners 30 --gpus-per-learner 4 --times room/gpu-node.json \\
         --repeats 2 --session-hours 6 --price 2.5
 
-`check` runs on each machine: GPUs, NCCL, the interconnect (`nvidia-smi topo -m`), a timed
-all-reduce's bus bandwidth on all local GPUs against what the link should give, free disk, and
-the course's labs, each launched once with its time; it ends with a one-line verdict (`--json`:
-the whole report, for collecting a room's results). Exit status: 0 ready, 1 not ready, 2 bad
-arguments. `budget` turns measured lab times (a `check --json` file) into GPU-hours for N
-learners: learners x GPUs each x the labs' seconds x repeats / 3600.
+`check` ends with a one-line verdict; exit status 0 ready, 1 not ready, 2 bad arguments.
+`budget`: GPU-hours = learners x GPUs each x the labs' seconds x repeats / 3600.
 """
 from __future__ import annotations
 

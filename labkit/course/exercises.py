@@ -1,35 +1,12 @@
 """Exercises from solutions: ``solutions/NN_*.ipynb`` is the single source of ``exercises/NN_*.ipynb``.
 
-Authoring rules (what this module and the grader read):
+    python -m labkit.course.exercises            # generate(solutions_dir, exercises_dir)
+    python -m labkit.course.exercises --check    # check_sync: missing, stale, orphaned, leaked
 
-- An **exercise cell** is a code cell tagged ``exercise``. Its answer sits between a line
-  ``### BEGIN SOLUTION`` and a line ``### END SOLUTION`` (alone on their lines, any indentation;
-  several regions per cell are allowed). Its id is ``metadata.labkit.exercise`` when set (letters,
-  digits, ``_ . -``), else ``ex1``, ``ex2``, ... by order among the exercise cells. Its
-  ``metadata.labkit.forbid`` lists, by dotted name, what the answer may not call (the labkit
-  function it asks the learner to write, ...): the grader refuses an answer that does
-  (labkit.course.forbid).
-- A **check cell** is a code cell tagged ``check``; it calls ``labkit.course.grading`` and belongs to
-  ``metadata.labkit.checks`` when set, else to the nearest exercise cell above it. Its name is
-  ``metadata.labkit.check`` when set, else the exercise id (``ex3.1``, ``ex3.2``, ... when an
-  exercise has several unnamed checks). Every exercise needs at least one check.
-- Every other cell (prose, setup code, run cells) is copied as is. A marker anywhere else, a
-  malformed marker (``## BEGIN SOLUTION``), nested or unclosed regions are errors: they would leak
-  an answer.
-
-The generator (``python -m labkit.course.exercises``, or ``generate(solutions_dir, exercises_dir)``)
-writes each ``exercises/NN_name.ipynb`` with: a header cell saying how to grade; each region
-replaced by ``raise NotImplementedError("Exercise ex1: write ~N lines")`` at the marker's
-indentation (N counts the region's code lines); outputs and execution counts cleared; cell
-metadata reduced to ``tags``, ``labkit`` and Jupyter's display keys, with the exercise id written
-into each exercise cell and check cells marked not editable/deletable; cell ids positional
-(``cell-000``, ...) and JSON with sorted keys, so the same solutions always give the same bytes.
-``python -m labkit.course.exercises --check`` (and ``check_sync``) reports exercise files that are
-missing, stale or orphaned, and any solution line that leaked into an exercise file.
-
-exercises/ is also where learners write: both judge an exercise file by its committed copies
-(labkit.course.committed), so a learner's answers never make it "out of sync", and the generator
-keeps a copy of a file with edits (``exercises/.backup/NN_name.<time>.ipynb``) before replacing it.
+An exercise cell (tag ``exercise``) holds its answer between ``### BEGIN SOLUTION`` and
+``### END SOLUTION``; a check cell (tag ``check``) calls labkit.course.grading. The authoring
+rules: `layout`; what a generated file holds: `render`; why a learner's answers never make a
+file "out of sync": `check_sync` (labkit.course.committed). docs/runtime.md has them together.
 """
 from __future__ import annotations
 
@@ -100,7 +77,26 @@ def labkit_meta(cell) -> dict:
 
 
 def layout(nb, where: str = "notebook") -> Layout:
-    """Exercise and check cells of a trusted (solutions) notebook, validated."""
+    """Exercise and check cells of a trusted (solutions) notebook, validated.
+
+    The authoring rules (what this module and the grader read):
+
+    - An **exercise cell** is a code cell tagged ``exercise``. Its answer sits between a line
+      ``### BEGIN SOLUTION`` and a line ``### END SOLUTION`` (alone on their lines, any
+      indentation; several regions per cell are allowed). Its id is
+      ``metadata.labkit.exercise`` when set (letters, digits, ``_ . -``), else ``ex1``, ``ex2``,
+      ... by order among the exercise cells. Its ``metadata.labkit.forbid`` lists, by dotted
+      name, what the answer may not call (the labkit function it asks the learner to write,
+      ...): the grader refuses an answer that does (labkit.course.forbid).
+    - A **check cell** is a code cell tagged ``check``; it calls ``labkit.course.grading`` and
+      belongs to ``metadata.labkit.checks`` when set, else to the nearest exercise cell above
+      it. Its name is ``metadata.labkit.check`` when set, else the exercise id (``ex3.1``,
+      ``ex3.2``, ... when an exercise has several unnamed checks). Every exercise needs at
+      least one check.
+    - Every other cell (prose, setup code, run cells) is copied as is. A marker anywhere else,
+      a malformed marker (``## BEGIN SOLUTION``), nested or unclosed regions are errors: they
+      would leak an answer.
+    """
     out = Layout()
     pending: list[tuple[int, str | None, str | None]] = []  # (index, exercise, explicit name)
     current: str | None = None
@@ -212,7 +208,15 @@ def _clean_metadata(meta: dict) -> dict:
 
 
 def render(solution_nb, name: str) -> nbformat.NotebookNode:
-    """The exercise notebook for `solution_nb` (file name `name`), built in memory."""
+    """The exercise notebook for `solution_nb` (file name `name`), built in memory.
+
+    It holds: a header cell saying how to grade; each region replaced by ``raise
+    NotImplementedError("Exercise ex1: write ~N lines")`` at the marker's indentation (N counts
+    the region's code lines); outputs and execution counts cleared; cell metadata reduced to
+    ``tags``, ``labkit`` and Jupyter's display keys, with the exercise id written into each
+    exercise cell and check cells marked not editable/deletable. With positional cell ids
+    (``cell-000``, ...) and JSON with sorted keys (`dumps`), the same solutions always give the
+    same bytes."""
     lay = layout(solution_nb, where=name)
     ex_by_index = {e.index: e for e in lay.exercises}
     check_indices = {c.index for c in lay.checks}

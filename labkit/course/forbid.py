@@ -3,19 +3,8 @@
 An exercise cell of a solutions notebook declares in its metadata the callables that *are* the
 answer (``{"labkit": {"forbid": ["labkit.memory.bytes_per_param"]}}``): a module, a function, a
 class or a method, by dotted name. The functions of `labkit.course.reference` (what the checks
-compare with) and this module are forbidden to every exercise. Two lines of defence:
-
-1. ``scan(source, forbid, exercise)``, in the grader before anything runs: the answer's source
-   (IPython magics transformed to Python) must not import or name a forbidden callable, nor name
-   the ``solutions`` directory (reading or exec'ing the solutions notebook).
-2. ``install(plan, protected)``, first thing in the grading kernel: each forbidden callable is
-   replaced by a wrapper that refuses calls made directly from an exercise cell's code (raising
-   ``ForbiddenCall``, a GradingError: "your f calls X; write it yourself") and passes calls from
-   anywhere else (the checks, labkit, torch) through; an audit hook refuses opening, truncating,
-   moving or deleting anything under the protected (solutions) directories (the grader also
-   keeps its own copy of the template). ``expect(exercise, source)``, sent before each exercise
-   cell, tells the kernel which code is the learner's. Refusals are remembered (a try/except in
-   the answer does not hide them): ``trips()`` returns them for the grader.
+compare with) and this module are forbidden to every exercise (`ALWAYS`). Two lines of defence:
+`scan`, in the grader before anything runs, and `install`, first thing in the grading kernel.
 
 Not a sandbox (see labkit.course.grader): it stops the shortcut a learner would reach for.
 """
@@ -154,7 +143,11 @@ def _defined_names(tree) -> set[str]:
 
 
 def scan(source: str, forbid, exercise: str) -> str | None:
-    """Why the answer `source` of `exercise` is refused (one sentence), or None when it is not."""
+    """Why the answer `source` of `exercise` is refused (one sentence), or None when it is not.
+
+    The first line of defence, in the grader before anything runs: the answer's source (IPython
+    magics transformed to Python) must not import or name a forbidden callable, nor name the
+    ``solutions`` directory (reading or exec'ing the solutions notebook)."""
     try:
         tree = ast.parse(python_source(source))
     except SyntaxError:
@@ -280,7 +273,16 @@ def _audit(event: str, args) -> None:
 
 
 def install(plan: dict, protected=()) -> None:
-    """Guard every callable of `plan` ({exercise: [dotted names]}) and the protected dirs."""
+    """Guard every callable of `plan` ({exercise: [dotted names]}) and the protected dirs.
+
+    The second line of defence, first thing in the grading kernel: each forbidden callable is
+    replaced by a wrapper that refuses calls made directly from an exercise cell's code (raising
+    ``ForbiddenCall``, a GradingError: "your f calls X; write it yourself") and passes calls
+    from anywhere else (the checks, labkit, torch) through; an audit hook refuses opening,
+    truncating, moving or deleting anything under the protected (solutions) directories (the
+    grader also keeps its own copy of the template). ``expect(exercise, source)``, sent before
+    each exercise cell, tells the kernel which code is the learner's. Refusals are remembered
+    (a try/except in the answer does not hide them): ``trips()`` returns them for the grader."""
     for exercise, names in plan.items():
         _PLAN[exercise] = set(names)
     for name in sorted({n for names in plan.values() for n in names} | set(ALWAYS)):

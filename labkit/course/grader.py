@@ -1,44 +1,13 @@
 """Grade a learner's exercise notebook against the trusted solutions notebook.
 
-``grade_notebook(path)`` (and ``labkit grade path``) trusts nothing in the learner's file but the
-source of its exercise cells:
+    grade_notebook(path)               # or `labkit grade path`: a GradeReport
 
-1. The template is the solutions notebook of the same name: ``--template PATH``, else
-   ``solutions/<name>`` in the repository that holds this labkit package, else in a directory
-   above the learner's file (``exercises/../solutions/``); a file renamed by the learner is
-   matched by its ``NN_`` prefix when exactly one solutions notebook has it. A file with no
-   exercise cell at all (a lesson of notebooks/) is refused at once, naming the exercise file.
-2. The learner's exercise cells are the code cells tagged ``exercise`` or carrying
-   ``metadata.labkit.exercise``. Each template exercise takes the source of the learner cell with
-   the same id; exercises left unmatched take, in order, the learner's exercise cells that have
-   no known id. The learner's outputs, check cells, tags of other cells, markers and extra cells
-   are never used. An exercise missing from the file gets the stub and fails ("missing"). A
-   damaged file (a cell that is not an object, a source that is not text) is refused with the
-   cell and what is wrong (labkit.course.learner).
-3. An answer that uses what its exercise asks to write (``metadata.labkit.forbid`` of the
-   template's exercise cell, and the checks' references), or reads the solutions, is refused:
-   by its source before it runs, and in the kernel when it calls one (labkit.course.forbid).
-4. The template with those sources swapped in is executed top to bottom in a fresh kernel of
-   this interpreter (labkit.course.kernel: errors allowed so every check runs; a cell still
-   running at ``timeout`` s is interrupted, and killed with the kernel ``grace`` s later; the
-   kernel dies with the grader; what it prints is kept up to a limit), with the learner's
-   notebook directory as working directory. The template is read once, before any learner code
-   runs: an answer that changes the solutions file changes nothing in this grade (and is named
-   in the notes). Each check is reported (``on_check``) as soon as its cell has run.
-5. Every cell of the template that is not an exercise runs through labkit.course.seal: a check
-   reads the names its exercises define from the learner and everything else (``grading``, the
-   references, the set-up's tables) as the template's own cells bound them, and what an answer
-   changed in labkit, math, builtins or IPython's error reporting is put back before it runs.
-   A check passes when its cell's reply says "ok", it shows no error, its code ran to its end
-   and its exercise cell ran without error. Otherwise its message is the exercise's problem
-   ("not attempted yet", the exception it raised, a timeout, a refusal) or the check's own
-   error (a ``labkit.course.grading.GradingError`` explains expected vs received).
-
-Not a sandbox: the learner's code runs in the kernel next to the checks, and code written
-against labkit.course.seal itself could still tamper with them. Grading is there to catch wrong
-answers, edited outputs, accidentally deleted or re-tagged cells, and the shortcuts and tricks
-that work on any notebook (rebinding a name a check uses, patching a function it calls, hiding
-its error), not a determined cheater.
+Only the source of the learner's exercise cells is used: it is swapped into the solutions
+notebook of the same name (`find_template`), refused if it uses what it must write
+(labkit.course.forbid), and run top to bottom in a fresh kernel (labkit.course.kernel) with
+every other cell sealed (labkit.course.seal). The steps in full: `grade_notebook`.
+Not a sandbox: it catches wrong answers, edited outputs and the tricks that work on any
+notebook, not a determined cheater (docs/runtime.md says what it does not stop).
 """
 from __future__ import annotations
 
@@ -80,7 +49,10 @@ def _solutions_dirs(notebook: Path) -> list[Path]:
 
 
 def find_template(notebook: Path | str) -> Path:
-    """The solutions notebook for `notebook` (see the module docstring for the search order)."""
+    """The solutions notebook for `notebook` (used unless ``--template PATH`` names one):
+    ``solutions/<name>`` in the repository that holds this labkit package, else in a directory
+    above the learner's file (``exercises/../solutions/``); a file renamed by the learner is
+    matched by its ``NN_`` prefix when exactly one solutions notebook has it."""
     notebook = Path(notebook)
     dirs = _solutions_dirs(notebook)
     for d in dirs:
@@ -384,6 +356,40 @@ def grade_notebook(path: Path | str, template: Path | str | None = None, *,
 
     on_start(report): called once the template is known, before the kernel starts.
     on_check(check_result): called for each check as soon as it is decided.
+
+    Nothing in the learner's file is trusted but the source of its exercise cells:
+
+    1. The template is the solutions notebook of the same name (`find_template`). A file with
+       no exercise cell at all (a lesson of notebooks/) is refused at once, naming the exercise
+       file.
+    2. The learner's exercise cells are the code cells tagged ``exercise`` or carrying
+       ``metadata.labkit.exercise``. Each template exercise takes the source of the learner cell
+       with the same id; exercises left unmatched take, in order, the learner's exercise cells
+       that have no known id. The learner's outputs, check cells, tags of other cells, markers
+       and extra cells are never used. An exercise missing from the file gets the stub and
+       fails ("missing"). A damaged file (a cell that is not an object, a source that is not
+       text) is refused with the cell and what is wrong (labkit.course.learner).
+    3. An answer that uses what its exercise asks to write (``metadata.labkit.forbid`` of the
+       template's exercise cell, and the checks' references), or reads the solutions, is
+       refused: by its source before it runs, and in the kernel when it calls one
+       (labkit.course.forbid).
+    4. The template with those sources swapped in is executed top to bottom in a fresh kernel
+       of this interpreter (labkit.course.kernel: errors allowed so every check runs; a cell
+       still running at `timeout` s is interrupted, and killed with the kernel `grace` s
+       later; the kernel dies with the grader; what it prints is kept up to a limit), with the
+       learner's notebook directory as working directory. The template is read once, before
+       any learner code runs: an answer that changes the solutions file changes nothing in this
+       grade (and is named in the notes). Each check is reported (`on_check`) as soon as its
+       cell has run.
+    5. Every cell of the template that is not an exercise runs through labkit.course.seal: a
+       check reads the names its exercises define from the learner and everything else
+       (``grading``, the references, the set-up's tables) as the template's own cells bound
+       them, and what an answer changed in labkit, math, builtins or IPython's error reporting
+       is put back before it runs. A check passes when its cell's reply says "ok", it shows no
+       error, its code ran to its end and its exercise cell ran without error. Otherwise its
+       message is the exercise's problem ("not attempted yet", the exception it raised, a
+       timeout, a refusal) or the check's own error (a ``labkit.course.grading.GradingError``
+       explains expected vs received).
     """
     path = Path(path)
     cells = read_learner(path)

@@ -1,25 +1,18 @@
 """Checks that exercise notebooks call: each says precisely what is wrong, with numbers.
 
-A check cell (tagged ``check`` in ``solutions/NN_*.ipynb``) computes the reference at run time and
-calls one of these functions on what the learner's exercise cell produced::
-
     from labkit.course import grading
     grading.check_close("ex2", answer_bytes, 7e9 * 16, unit="bytes",
                         hint="mixed-precision AdamW keeps 16 bytes per parameter")
     grading.check_callable("ex1", param_count, cases=[(768, 12), (1024, 24)],
                            reference=lambda h, n: 12 * n * h * h)
 
-On success a check prints one line (``✓ ex2: ...``). On failure it raises ``GradingError`` (an
-``AssertionError``) whose message names the check, the expected and the received value (bytes
-shown as GB and GiB, both), their ratio when both are numbers (with the usual suspects: a factor
-of 2, GB vs GiB, bits vs bytes), and what to look at (``hint``). A learner function that still
-raises the stub's ``NotImplementedError`` gives "exercise not attempted yet".
-
-This module runs inside the grading kernel and in learners' notebooks: it imports nothing heavy
-(torch only inside ``check_tensor_close`` and only when a tensor is compared).
+A passed check prints one line (``✓ ex2: ...``); a failed one raises `GradingError`, whose
+message says expected vs received (the class says how).
 """
 from __future__ import annotations
 
+# This module runs inside the grading kernel and in learners' notebooks: it imports nothing
+# heavy (torch only inside ``check_tensor_close``, and only when a tensor is compared).
 import math
 import numbers
 from collections.abc import Callable, Iterable, Mapping
@@ -42,7 +35,12 @@ _GB, _GIB = 1e9, 2.0**30
 
 
 class GradingError(AssertionError):
-    """A check failed. ``str(err)`` is the whole explanation; the parts are kept as attributes."""
+    """A check failed. ``str(err)`` is the whole explanation; the parts are kept as attributes.
+
+    The message names the check, the expected and the received value (bytes shown as GB and
+    GiB, both), their ratio when both are numbers (with the usual suspects: a factor of 2, GB vs
+    GiB, bits vs bytes), and what to look at (``hint``). A learner function that still raises
+    the stub's ``NotImplementedError`` gives "exercise not attempted yet" (NOT_ATTEMPTED)."""
 
     def __init__(self, message: str, *, name: str | None = None, expected=None, received=None,
                  hint: str | None = None):

@@ -1,29 +1,10 @@
 """Run a notebook's code cells in a fresh kernel of this interpreter, one at a time, under a hard
-time limit: the engine of labkit.course.grader.
+time limit: the engine of labkit.course.grader (`execute`).
 
-Each cell may run `timeout` seconds. At the limit the kernel is interrupted (SIGINT to its
-process group, as Jupyter's stop button does). A cell still running `grace` seconds later (a loop
-inside C code, code that ignores SIGINT) gets the kernel and its process group killed (SIGKILL);
-that cell is reported as killed and the cells after it are not run. Labs the kernel started
-with `run_lab` die with it (labkit.runtime.guard), so nothing is left running.
-
-The kernel dies with the grader, however the grader ends: it is started through
-labkit.runtime.guard (Linux's parent-death signal: SIGKILL when the grader's process is gone,
-even while the kernel holds the GIL in C code, where ipykernel's own parent poller cannot run),
-and a grader stopped by an exception (Ctrl-C, SIGTERM turned into one by `labkit grade`) kills
-the kernel's process group before anything else.
-
-What the grader keeps of the outputs is bounded: at most CELL_OUTPUT_LIMIT characters a cell
-and TOTAL_OUTPUT_LIMIT in all (errors are kept, shortened); what was dropped is counted
-(`CellRun.dropped`) and said in the cell's outputs. The kernel sends its stdout and stderr in
-messages of at most MESSAGE_CHARS characters (`bound_messages`), so that what the grader holds
-while it reads one stays small too. Each cell's execute-reply status is kept
-(`CellRun.status`): an error that a cell hid from its outputs (IPython's set_custom_exc) still
-counts, with the reply's name and value.
-
-Around the cells the caller may run snippets of its own (``before``: code per cell index, run
-silently first; ``probe``: an expression evaluated after every cell, its repr kept), and is told
-about each cell as soon as it has run (``on_cell(index, run)``).
+A cell may run `timeout` seconds; then the kernel is interrupted (SIGINT, as Jupyter's stop button
+does), and killed with its process group `grace` seconds later (`_Watchdog`). The kernel dies
+with the grader however the grader ends (`_client_class`), and the outputs kept are bounded
+(CELL_OUTPUT_LIMIT, TOTAL_OUTPUT_LIMIT, `bound_messages`). The details: docs/runtime.md.
 """
 from __future__ import annotations
 
@@ -39,6 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 KILL_GRACE = 5.0  # seconds between the interrupt at the limit and killing the kernel
+# What the grader keeps of the outputs is bounded: at most CELL_OUTPUT_LIMIT characters a cell
+# and TOTAL_OUTPUT_LIMIT in all (errors are kept, shortened); what was dropped is counted
+# (`CellRun.dropped`) and said in the cell's outputs. The kernel sends its stdout and stderr in
+# messages of at most MESSAGE_CHARS characters (`bound_messages`), so that what the grader holds
+# while it reads one stays small too.
 CELL_OUTPUT_LIMIT = 1_000_000     # characters of output kept per cell
 TOTAL_OUTPUT_LIMIT = 8_000_000    # ... and for the whole notebook
 ERROR_TEXT_LIMIT = 4_000          # characters kept of an error's value
@@ -82,7 +68,13 @@ def _signal(pgid: int, sig: int) -> None:
 
 
 class _Watchdog(threading.Thread):
-    """Interrupts the kernel at the deadline, kills its process group `grace` s later."""
+    """Interrupts the kernel at the deadline, kills its process group `grace` s later.
+
+    The interrupt is SIGINT to the kernel's process group, as Jupyter's stop button sends. A
+    cell still running `grace` s later (a loop inside C code, code that ignores SIGINT) gets the
+    kernel and its process group killed (SIGKILL); that cell is reported as killed and the
+    cells after it are not run. Labs the kernel started with `run_lab` die with it
+    (labkit.runtime.guard), so nothing is left running."""
 
     def __init__(self, pgid: int, timeout: float, grace: float):
         super().__init__(daemon=True, name="labkit-grade-watchdog")
@@ -221,7 +213,15 @@ def _output_size(content: dict) -> int:
 
 def _client_class():
     """NotebookClient that keeps bounded outputs and each cell's reply, and a kernel manager
-    that starts the kernel through labkit.runtime.guard (see the module docstring)."""
+    that starts the kernel through labkit.runtime.guard.
+
+    The kernel dies with the grader, however the grader ends: the guard is Linux's parent-death
+    signal (SIGKILL when the grader's process is gone, even while the kernel holds the GIL in C
+    code, where ipykernel's own parent poller cannot run), and a grader stopped by an exception
+    (Ctrl-C, SIGTERM turned into one by `labkit grade`) kills the kernel's process group before
+    anything else. Each cell's execute-reply status is kept (`CellRun.status`): an error that a
+    cell hid from its outputs (IPython's set_custom_exc) still counts, with the reply's name and
+    value."""
     from jupyter_client import AsyncKernelManager
     from nbclient import NotebookClient
 
@@ -276,7 +276,11 @@ def clean_traceback(lines: list[str], keep: int = 25) -> str:
 
 def execute(nb, *, timeout: float, cwd: Path, before: dict | None = None,
             probe: str | None = None, on_cell=None, grace: float = KILL_GRACE) -> list[CellRun]:
-    """Run every code cell of `nb` (outputs land in `nb`); one CellRun per cell of `nb`."""
+    """Run every code cell of `nb` (outputs land in `nb`); one CellRun per cell of `nb`.
+
+    Around the cells the caller may run snippets of its own (`before`: code per cell index, run
+    silently first; `probe`: an expression evaluated after every cell, its repr kept), and is
+    told about each cell as soon as it has run (`on_cell(index, run)`)."""
     from nbclient.exceptions import DeadKernelError
     from traitlets.config import Config
 

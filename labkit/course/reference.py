@@ -513,7 +513,7 @@ def check_with_mistakes(name, fn, cases, reference, *, rtol=1e-9, unit=None, hin
 
 
 # Diagnosis: the learner's function reads a case's evidence; the cases are built in the check
-# (real labs, a fresh measurement), at seeds whose faults differ (tests/test_interview_exercise.py
+# (real labs, a fresh measurement), at seeds whose faults differ (tests/labs/test_interview_exercise.py
 # checks that the straggler's slow rank is 0 at one seed and 1 at the other).
 DIAGNOSIS_SEEDS = (1, 3)
 

@@ -1,25 +1,10 @@
 """What an answer cannot change under a check: the grading kernel's side of labkit.course.grader.
 
 Answers and checks share one kernel, so an answer could change what a check sees (issue 11):
-a variable or helper named like something a check uses (`grading`, `PRECISIONS`,
-`run_user_collective`, a reference), a labkit function a reference calls
-(`labkit.memory.bytes_per_param`), a check function (`grading.check_callable`), `math.isclose`,
-or how IPython reports errors (`get_ipython().set_custom_exc(...)`). The grader runs every cell
-of the template that is not an exercise (set-up and check cells) through `run()`, which
-protects three things:
-
-1. Names. What those cells bind is recorded, and the records are put back before each of them
-   runs, except the names the template's exercise cells bind (the answers the checks read, such
-   as `model_state_bytes`). A check runs in a copy of the namespace, so a function of the
-   learner's that it calls cannot rebind names under it either.
-2. Code. `install()`, before any answer runs, records the labkit modules, the standard modules
-   the checks use (builtins, math, numbers, operator, functools), the trace function and
-   IPython's error reporting (sys.excepthook plays no part in it): functions (their code and
-   defaults too), classes (their methods), labkit's tables (GPUS, LINKS, ...: upper-case
-   names). Before each cell of `run()` all of it is put back (`status()` lists what was), and a
-   check during which any of it changes fails.
-3. The verdict. `run()` records a check as done only when its code ran to its end; the grader
-   passes a check only when its cell's reply says "ok", it shows no error, and it is done.
+a name a check uses (`grading`, a reference), a labkit function a reference calls, a check
+function, `math.isclose`, or how IPython reports errors. The grader runs every template cell
+that is not an exercise through `run()`, which protects names, code (recorded by `install()`)
+and the verdict; `run` says how.
 
 Not a sandbox: code written against this module itself can defeat it. It stops what works
 against any notebook kernel.
@@ -216,7 +201,12 @@ def _sweep(fix: bool) -> list[str]:
 
 def install(learner=(), modules=()) -> None:
     """Record what the checks rely on; run before any answer. `learner`: the names the
-    template's exercise cells bind; `modules`: what the template's other cells import."""
+    template's exercise cells bind; `modules`: what the template's other cells import.
+
+    Recorded: the labkit modules, the standard modules the checks use (STANDARD: builtins,
+    math, numbers, operator, functools), the trace function and IPython's error reporting
+    (sys.excepthook plays no part in it): functions (their code and defaults too), classes
+    (their methods), labkit's tables (GPUS, LINKS, ...: upper-case names)."""
     _LEARNER.update(learner)
     for name in ("labkit.course.grading", "labkit.course.reference", *sorted(modules), *STANDARD):
         try:
@@ -243,7 +233,17 @@ def _compile(index: int, source: str):
 
 
 def run(index: int, source: str, check: bool = False) -> None:
-    """Run a template cell that is not an exercise (see the module docstring)."""
+    """Run a template cell that is not an exercise (a set-up or check cell), protecting:
+
+    1. Names. What those cells bind is recorded, and the records are put back before each of
+       them runs, except the names the template's exercise cells bind (the answers the checks
+       read, such as `model_state_bytes`). A check runs in a copy of the namespace, so a
+       function of the learner's that it calls cannot rebind names under it either.
+    2. Code. Everything `install()` recorded is put back before each cell (`status()` lists
+       what was), and a check during which any of it changes fails.
+    3. The verdict. A check is recorded as done only when its code ran to its end; the grader
+       passes a check only when its cell's reply says "ok", it shows no error, and it is done.
+    """
     _CHANGED.update(_sweep(fix=True))
     user = sys.modules["IPython"].get_ipython().user_ns
     ns = dict(user) if check else user

@@ -1,21 +1,11 @@
 """A workshop room's preflight and budget (issue 21): what an instructor runs before the day.
 
-- `preflight(...)` runs on each machine of the room and returns a `Preflight`: rows (the
-  doctor's `Check`: ok / info / warn / fail, plus "skip" with its reason) for the machine, its
-  GPUs, NCCL, the interconnect (`nvidia-smi topo -m`, parsed), a timed all-reduce's bus
-  bandwidth on all local GPUs beside what the link should give, free disk, and each course lab
-  launched once with its wall time; then a one-line verdict. `to_dict()` is what
-  `labkit workshop check --json` prints, for collecting a room's results.
-- `COURSE_LABS` (labkit.course.course_labs): every lab run the course's notebooks make
-  (module, lab, ranks, arguments), in course order; `select_labs` picks them by name ("ddp" is
-  every ddp run, "ddp:compare" one).
-- `gpu_hours(...)` (labkit.course.budget): the GPU-hours (and cost) a workshop of N learners
-  needs, from measured lab times.
+    preflight().to_dict()    # this machine's rows and verdict: `labkit workshop check --json`
+    select_labs(...)         # the course's lab runs by name: "ddp" every ddp run, "ddp:compare" one
+    gpu_hours(...)           # the GPU-hours (and cost) for N learners, from measured lab times
 
-On a machine without CUDA every GPU row is skipped with its reason and the labs run over gloo,
-as a learner's laptop runs them: the verdict says so. On a GPU machine a lab wanting more ranks
-than there are GPUs runs over gloo on CPU too (NCCL needs a GPU per rank; as in the notebooks),
-and the verdict counts the labs on each backend.
+Without CUDA every GPU row is skipped with its reason and the labs run over gloo, as on a
+learner's laptop; what each row checks: `preflight` and docs/runtime.md.
 """
 from __future__ import annotations
 
@@ -342,7 +332,16 @@ def _jsonable(value):
 
 def preflight(runs: list[LabRun] | None = None, nproc: int | None = None,
               timeout: float = 600.0, progress=None) -> Preflight:
-    """Every check of this machine, then each run of `runs` (default: one per lab program)."""
+    """Every check of this machine, then each run of `runs` (default: one per lab program).
+
+    The rows (the doctor's `Check`: ok / info / warn / fail, plus "skip" with its reason): the
+    machine, its GPUs, NCCL, the interconnect (`nvidia-smi topo -m`, parsed), a timed
+    all-reduce's bus bandwidth on all local GPUs beside what the link should give, free disk,
+    and each course lab launched once with its wall time; then a one-line verdict. On a machine
+    without CUDA every GPU row is skipped and the labs run over gloo, as a learner's laptop runs
+    them: the verdict says so. On a GPU machine a lab wanting more ranks than there are GPUs
+    runs over gloo on CPU too (NCCL needs a GPU per rank; as in the notebooks), and the verdict
+    counts the labs on each backend."""
     t0 = time.monotonic()
     runs = select_labs() if runs is None else runs
     gpus = 0

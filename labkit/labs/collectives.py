@@ -1,34 +1,15 @@
 """Bandwidth lab: time all_reduce, all_gather and reduce_scatter over a sweep of message sizes,
-print an nccl-tests-like table (size, count, type, redop, time, algbw, busbw), fit the
-alpha-beta model t = alpha + beta * S to each op, and save a plot.
+print an nccl-tests-like table, fit t = alpha + beta * S to each op, and save a plot.
 
-    python -m labkit.labs.collectives                                      # 1 process: nothing sent
-    torchrun --nproc-per-node 4 -m labkit.labs.collectives                  # 4 ranks: gloo on CPU
-                                                                            #   (NCCL when each has a GPU)
+    python -m labkit.labs.collectives                        # 1 process: nothing sent
+    torchrun --nproc-per-node 4 -m labkit.labs.collectives   # 4 ranks: gloo, NCCL if each has a GPU
     torchrun --nproc-per-node 4 -m labkit.labs.collectives -b 1K -e 64M -f 2 -n 20
-    labkit run collectives -n 4 -- --sizes 4K,1M,16M                       # via labkit
-    labkit bench collectives                                               # the default sweep
-    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \\
+    labkit run collectives -n 4 -- --sizes 4K,1M,16M         # via labkit
+    labkit bench collectives                                 # the default sweep
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \
         --rdzv-endpoint HOST:29500 -m labkit.labs.collectives -e 1G        # two nodes
 
-Conventions are nccl-tests' (github.com/NVIDIA/nccl-tests, doc/PERFORMANCE.md):
-- size S is the bytes of the whole buffer: the all_reduce tensor, the all_gather *output*, the
-  reduce_scatter *input*; count is the elements of the call's count argument: S in elements
-  for all_reduce, S / N elements (one rank's input, or its output) for all_gather and
-  reduce_scatter (`nccl_count`).
-- time is the mean over `--iters` back-to-back calls, averaged over the ranks.
-- algbw = S / time; busbw = algbw times the op's ring factor (2(N-1)/N for all_reduce, (N-1)/N for
-  all_gather and reduce_scatter), computed by `labkit.comm.bus_bandwidth`. busbw is what one link
-  would carry in a ring implementation, comparable across N and with the link's per-direction
-  bandwidth.
-- #wrong: elements that differ from the expected result in a check run before timing.
-On gloo the table adds the bytes this rank actually wrote to its sockets (the `wchar` delta of
-/proc/self/io) as a multiple of S: about 2(N-1)/N for all_reduce and (N-1)/N for all_gather, but
-gloo's reduce_scatter is an all_reduce underneath, so it sends 2(N-1)/N * S too.
-
-Fit: weighted least squares with weights 1/t (each point counts by its relative error, so the
-small sizes fix alpha and the large ones beta). Rank 0 reports rows and fits (labkit.runtime.dist.report).
-"""
+Conventions: nccl-tests' (doc/PERFORMANCE.md); the table, the fit: docs/labs.md, ## collectives."""
 from __future__ import annotations
 
 import argparse
@@ -37,10 +18,11 @@ import os
 import sys
 import tempfile
 import time
+from labkit.labs.common.flags import parse_size
+from labkit.labs.common.wire import bytes_written, fit_alpha_beta, model_parameters
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
-_UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 # Not the current directory: a sweep started from a repository must not leave files in it.
 DEFAULT_PLOT = "auto"      # a new private directory (mkdtemp, mode 0700) per run
 
@@ -61,20 +43,6 @@ def save_plot(data: bytes, where: str) -> str:
         f.write(data)
     return os.path.abspath(where)
 
-
-def parse_size(text: str) -> int:
-    """'1K' -> 1024, '16M' -> 16777216, '1G', '512': binary units as nccl-tests' -b/-e flags."""
-    t = str(text).strip().upper().removesuffix("IB").removesuffix("B") or "0"
-    unit = t[-1] if t[-1] in _UNITS else ""
-    number = t[:-1] if unit else t
-    try:
-        value = float(number) * _UNITS[unit]
-    except ValueError:
-        raise ValueError(f"size {text!r} is not a size; write bytes or a number with K, M or G "
-                         "(binary: 1K = 1024), e.g. 64K or 16M") from None
-    if value <= 0:
-        raise ValueError(f"size {text!r} must be > 0 bytes")
-    return int(value)
 
 
 def sweep_sizes(min_bytes: int, max_bytes: int, factor: float, world_size: int,
@@ -103,57 +71,9 @@ def nccl_count(op: str, nbytes: int, elem_size: int, world_size: int) -> int:
     return count // world_size if op in ("all_gather", "reduce_scatter") else count
 
 
-def fit_alpha_beta(sizes, times) -> dict:
-    """Least-squares fit of t = alpha + beta * S with weights 1/t (relative errors).
-
-    Returns {"alpha": s, "beta": s/byte, "rms_rel_err": ...}. Needs two distinct sizes."""
-    pts = [(float(s), float(t)) for s, t in zip(sizes, times) if t > 0]
-    if len({s for s, _ in pts}) < 2:
-        raise ValueError("fitting alpha and beta needs times at two or more distinct sizes")
-    # minimise sum w (alpha + beta s - t)^2 with w = 1/t^2: 2x2 normal equations
-    w = [1.0 / t**2 for _, t in pts]
-    sw = sum(w)
-    sws = sum(wi * s for wi, (s, _) in zip(w, pts))
-    swss = sum(wi * s * s for wi, (s, _) in zip(w, pts))
-    swt = sum(wi * t for wi, (_, t) in zip(w, pts))
-    swst = sum(wi * s * t for wi, (s, t) in zip(w, pts))
-    det = sw * swss - sws * sws
-    alpha = (swss * swt - sws * swst) / det
-    beta = (sw * swst - sws * swt) / det
-    rel = [((alpha + beta * s) - t) / t for s, t in pts]
-    return {"alpha": alpha, "beta": beta,
-            "rms_rel_err": math.sqrt(sum(r * r for r in rel) / len(rel))}
-
-
-def model_parameters(op: str, world_size: int, fit: dict) -> dict:
-    """Read a fit (t = alpha + beta S) in the cost model's terms: the per-message latency and the
-    per-direction link bandwidth that make `labkit.comm.collective_time` reproduce the fitted
-    line. The model's own step count and ring factor are read off `collective_time` and
-    `bus_bandwidth`, so no formula is repeated here."""
-    from labkit.comm import bus_bandwidth, collective_time
-
-    # messages in the latency term: the model's time with latency 1 s and a huge bandwidth
-    steps = collective_time(op, nbytes=1.0, world_size=world_size, bandwidth=1e30, latency=1.0)
-    factor = bus_bandwidth(op, 1.0, 1.0, world_size)          # busbw / algbw
-    bandwidth = factor / fit["beta"] if fit["beta"] > 0 else float("inf")
-    latency = fit["alpha"] / steps if steps > 0 else 0.0
-    return {"latency": latency, "bandwidth": bandwidth, "steps": steps, "factor": factor}
-
 
 # ---------------------------------------------------------------------------------------------
 # inside a rank
-
-def bytes_written() -> int | None:
-    """Bytes this process has passed to write/send system calls so far: `wchar` of Linux's
-    /proc/self/io (all threads, so gloo's socket writes count). None where there is no /proc."""
-    try:
-        with open("/proc/self/io") as f:
-            for line in f:
-                if line.startswith("wchar:"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
 
 
 def _collective(op: str):

@@ -6,27 +6,9 @@
     labkit run dcp -n 2 -- --part reshard --ckpt-dir /tmp/r    # loads it on 2 ranks, compares
     labkit run dcp -n 4 -- --part export      # one consolidated file for a plain transformers model
 
-From a notebook: `run_lab("labkit.labs.dcp", nproc=4, args=["--part", "save"])`; rank 0
-reports every figure (labkit.runtime.dist.report). The model is the crash lab's
-(labkit.labs.checkpoint: a transformers Llama from a config, FSDP2 per block then the root,
-AdamW), trained one step so the optimizer holds its moments.
-- save: `labkit.parallel.checkpoint.save` (get_state_dict -> dcp.save): one file per rank
-  (`__R_0.distcp`) plus `.metadata`. Each rank writes its own shards: 4P/N bytes of weights
-  and 8P/N of AdamW moments (P parameters, N ranks), measured from DCP's own index; AdamW's step
-  counters (4 bytes per parameter tensor, the same on every rank) are written once, by whichever
-  rank DCP's de-duplication picks. The file adds torch.save's framing around every tensor.
-  After one more step, `load` (dcp.load -> set_state_dict) brings back exactly the saved state.
-- async: dcp.async_save returns once the state is staged (copied, so training may change the
-  weights) and the plan agreed; the writing goes on in a thread while training steps run.
-  Timed beside a blocking dcp.save of the same state and the copy alone; the checkpoint written
-  is the state at the call, not the one training has reached since.
-- reshard: the first launch saves (and rank 0 keeps every full tensor apart); a later one, on
-  any world size, loads into a model built from other random weights and compares every full
-  tensor (weights, moments, step counters) with the saved ones.
-- export: get_state_dict(StateDictOptions(full_state_dict=True, cpu_offload=True)) gathers the
-  whole model on rank 0's CPU; saved with torch.save (and safetensors when installed), reloaded
-  into a plain one-process transformers model whose logits equal the sharded model's.
-  format_utils.dcp_to_torch_save converts a sharded DCP checkpoint into the same file offline.
+From a notebook: `run_lab("labkit.labs.dcp", nproc=4, args=["--part", "save"])`; rank 0 reports
+every figure (labkit.runtime.dist.report). The model is the crash lab's (labkit.labs.checkpoint).
+What each part does and measures (labkit.parallel.checkpoint, dcp.*): docs/labs.md, ## dcp.
 """
 from __future__ import annotations
 
@@ -41,7 +23,8 @@ import torch.distributed as tdist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from labkit.labs import checkpoint as crash
+from labkit.labs.common import fsdp_lm as lm
+from labkit.labs.common.flags import positive_int
 from labkit.parallel import checkpoint
 from labkit.runtime import dist
 
@@ -82,7 +65,7 @@ def max_diff(a: dict, b: dict) -> float:
 
 
 def step(model, opt, args, ctx, t: int = 1) -> float:
-    ids = crash.batch(args, t, ctx)
+    ids = lm.batch(args, t, ctx)
     loss = model(input_ids=ids, labels=ids).loss
     loss.backward()
     opt.step()
@@ -92,7 +75,7 @@ def step(model, opt, args, ctx, t: int = 1) -> float:
 
 def trained(args, ctx, seed_offset: int = 0):
     args = argparse.Namespace(**{**vars(args), "seed": args.seed + seed_offset})
-    model, opt = crash.sharded(args)
+    model, opt = lm.sharded(args)
     step(model, opt, args, ctx)
     return model, opt
 
@@ -225,7 +208,7 @@ def part_export(args, ctx, where: str) -> dict:
         P = sum(v.numel() for v in whole.values())
         torch.save(whole, os.path.join(where, "model.pt"))
         files = {"model.pt": os.path.getsize(os.path.join(where, "model.pt"))}
-        plain = crash.build(argparse.Namespace(**{**vars(args), "seed": args.seed + 1}))
+        plain = lm.build(argparse.Namespace(**{**vars(args), "seed": args.seed + 1}))
         plain.load_state_dict(torch.load(os.path.join(where, "model.pt")))
         with torch.no_grad():
             diffs = {"torch.save": (plain(input_ids=ids).logits - sharded_logits).abs().max()}
@@ -253,11 +236,11 @@ def parse_args(argv=None):
                    help="where checkpoints go (needed by reshard; default: a temporary folder)")
     p.add_argument("--phase", choices=("auto", "save", "load"), default="auto",
                    help="reshard: save, load, or auto (load if --ckpt-dir holds a checkpoint)")
-    p.add_argument("--max-steps", type=crash.positive_int, default=20,
+    p.add_argument("--max-steps", type=positive_int, default=20,
                    help="async: at most this many training steps while the save writes")
-    crash.model_flags(p)
+    lm.model_flags(p)
     args = p.parse_args(argv)
-    crash.check_model_flags(p, args)
+    lm.check_model_flags(p, args)
     if args.part == "reshard" and args.ckpt_dir is None:
         p.error("argument --ckpt-dir: --part reshard runs as two launches that share it; "
                 "allowed: a folder")
@@ -270,7 +253,7 @@ def parse_args(argv=None):
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     ctx = dist.setup()
-    crash.check_world(args, ctx)
+    lm.check_world(args, ctx)
     temporary = args.ckpt_dir is None
     box = [tempfile.mkdtemp(prefix="labkit-dcp-") if temporary and ctx.rank == 0 else
            args.ckpt_dir]

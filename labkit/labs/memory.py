@@ -7,51 +7,8 @@
     labkit run memory -n 1 -- --precision bf16                     # the same, via labkit
 
 From a notebook: `run_lab("labkit.labs.memory", nproc=1, args=["--precision", "fp32"])`.
-
-What it measures on each rank, after the last step (exact, by deduplicated storage; PROBES.md):
-- weights, gradients and optimizer states (`labkit.runtime.measure.state_bytes`); AdamW's 4-byte `step`
-  tensor per parameter tensor is reported apart (`optimizer_steps`): labkit's formula leaves it
-  out (it is a few hundred bytes, not a per-parameter cost);
-- bytes saved for backward during the forward pass (`labkit.runtime.measure.SavedActivations`);
-- peak CUDA memory when the rank has a GPU.
-What it predicts: `labkit.memory.estimate_memory` for the same shape, batch, precision and
-AdamW, built from the exact parameter count. Activations: for GPT-2 (`--model debug-gpt2`, the
-default) Korthikanti et al.'s Megatron layer (implementation="megatron"), which the two choices
-below make the model match; for `--model debug-llama` transformers' Llama as it is
-(implementation="hf-llama", SDPA attention by default, `--attention eager` to keep the scores):
-RMSNorm's fp32 copies, SwiGLU's four wide tensors, grouped-query K/V (`labkit.activations`). Each measured figure is printed beside its
-prediction with the ratio, and reported (`labkit.runtime.dist.report`).
-
-Precision policies (`--precision`, labkit's names):
-- "bf16-mixed" (default): bf16 weights and gradients for forward and backward; the optimizer
-  keeps an fp32 master copy of the weights and fp32 moments (2 + 2 + 12 = 16 bytes per
-  parameter, as ZeRO counts it; Megatron-LM's bf16 default keeps fp32 gradients, 18 bytes).
-  torch has no such optimizer, so this lab writes the 10 lines (`MasterWeights`).
-- "fp32": everything in fp32 (4 + 4 + 8 = 16 bytes per parameter, the same total).
-- "bf16": everything in bf16, moments too (2 + 2 + 4 = 8); what torch.optim does for bf16 params.
-Activations are stored in the forward's dtype: bf16 for the bf16 policies, which is what the
-Korthikanti et al. formula assumes (16-bit activations, 1-byte dropout masks); in fp32 4 bytes
-per value (the masks stay 1 byte), which `estimate_memory(precision="fp32")` counts too.
-
-For GPT-2, two choices make the model count what Megatron keeps, each with a flag to undo it
-(with `--activation gelu_new` the prediction is transformers' GPT-2, implementation="hf-gpt2"):
-- GELU: the formula assumes one GELU kernel that saves its input. transformers' GPT-2 default,
-  "gelu_new", is the tanh approximation written as eight elementwise ops, several of which save
-  their own 8*s*b*h-byte inputs (+29% activations with the default shape). The lab uses
-  "gelu_pytorch_tanh", the same function in one kernel (`--activation gelu_new` to compare).
-- Dropout: on CUDA, dropout is one fused kernel that saves a 1-byte bool mask. On CPU, torch's
-  dropout is composite: it saves its random mask as a tensor of the input's dtype (2 bytes in
-  bf16; +12% activations with the default shape). The lab routes dropout through
-  `torch.native_dropout`, the fused kernel CUDA uses (it has a CPU version too), so a CPU run
-  counts what a GPU run stores (`--cpu-dropout` to see torch's CPU default).
-With --recompute full (transformers' activation checkpointing of every layer) the measurement
-is about 5% above the formula here: each checkpointed layer keeps its inputs, and besides the
-hidden states (2*s*b*h, counted) those include the b x 1 x s x s causal mask transformers builds
-for eager attention (one tensor shared by all layers, b*s*s*2 bytes), which Megatron-LM never
-materialises.
-With several ranks, gradients are averaged with one all-reduce per tensor (plain data
-parallelism: every rank holds everything, and every rank stores the activations of its own
-micro-batch: data parallelism divides the batch, not a micro-batch's activations).
+Measured per rank (PROBES.md) beside labkit.memory.estimate_memory (Korthikanti et al. 2022);
+what each figure is, the precision policies and the GPT-2 choices: docs/labs.md, ## memory.
 """
 from __future__ import annotations
 
@@ -59,102 +16,14 @@ import argparse
 import contextlib
 
 import torch
-import torch.distributed as tdist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from labkit.runtime import dist, measure
 from labkit.memory import PRECISIONS, RECOMPUTE, estimate_memory
-from labkit.models import get_model
+from labkit.labs.common.models import MasterWeights, average_gradients, build_model, fused_dropout, lab_spec
 
 TERMS = ("params", "grads", "optimizer_states", "model_states", "activations")
 
-
-@contextlib.contextmanager
-def fused_dropout():
-    """Inside the block, `F.dropout` runs as `torch.native_dropout`: the fused kernel that keeps a
-    1-byte bool mask (what CUDA always runs; on CPU torch otherwise saves its mask in the
-    input's dtype). A swap of the function, not a TorchFunctionMode: full recompute re-runs the
-    forward inside backward, where a mode entered around the forward is no longer active."""
-    F = torch.nn.functional
-    original = F.dropout
-
-    def dropout(input, p=0.5, training=True, inplace=False):
-        if training and 0.0 < p < 1.0 and not inplace:
-            return torch.native_dropout(input, p, True)[0]
-        return original(input, p, training, inplace)
-
-    F.dropout = dropout
-    try:
-        yield
-    finally:
-        F.dropout = original
-
-
-class MasterWeights:
-    """Mixed precision as ZeRO counts it (2 + 2 + 12): the model computes in bf16; the
-    optimizer updates an fp32 copy of every weight (the master weights) and copies it back.
-
-    The fp32 gradient each master weight needs exists only inside `step()` (a temporary
-    buffer, freed before the step returns), so between steps a parameter costs 2 (bf16 weight) +
-    2 (bf16 gradient) + 4 (fp32 master) + 8 (fp32 moments) = 16 bytes."""
-
-    def __init__(self, params, optimizer_cls=torch.optim.AdamW, **kwargs):
-        self.params = [p for p in params if p.requires_grad]
-        self.master = [p.detach().float().clone() for p in self.params]
-        self.optimizer = optimizer_cls(self.master, **kwargs)
-
-    @torch.no_grad()
-    def step(self):
-        for p, m in zip(self.params, self.master):
-            m.grad = None if p.grad is None else p.grad.float()
-        self.optimizer.step()
-        for p, m in zip(self.params, self.master):
-            p.copy_(m)             # round to bf16 for the next forward
-            m.grad = None          # the fp32 gradient was a temporary
-
-    def zero_grad(self, set_to_none: bool = True):
-        for p in self.params:
-            p.grad = None
-
-    def master_bytes(self) -> int:
-        return sum(m.untyped_storage().nbytes() for m in self.master)
-
-
-def average_gradients(model, world_size: int) -> None:
-    """Plain data parallelism after backward: every gradient all-reduced and divided by the
-    world size (gloo has no average); nothing with one rank."""
-    if world_size > 1:
-        for p in model.parameters():
-            tdist.all_reduce(p.grad)
-            p.grad /= world_size
-
-
-def build_model(spec, activation: str, dtype, attention: str = "eager"):
-    """A transformers GPT2LMHeadModel or LlamaForCausalLM with random weights from `spec`
-    (nothing downloaded). GPT-2 defaults to eager attention: Megatron's formula counts the s x s
-    attention scores that a fused attention kernel (SDPA, FlashAttention) would not store."""
-    import transformers
-
-    transformers.logging.set_verbosity_error()   # not its notice that the config has no loss_type
-    if spec.arch == "gpt2":
-        config = spec.to_hf_config(activation_function=activation)
-        cls = transformers.GPT2LMHeadModel
-    else:
-        config, cls = spec.to_hf_config(), transformers.LlamaForCausalLM
-    model = cls._from_config(config, attn_implementation=attention)
-    return model.to(dtype)
-
-
-def lab_spec(args):
-    """The lab's model: the --model preset at the sizes the flags give (GPT-2: ffn 4h; Llama:
-    ffn 2h and --kv-heads key/value heads, as debug-llama)."""
-    base = get_model(args.model)
-    gpt2 = base.arch == "gpt2"
-    return base.with_(
-        name=f"lab-{base.arch}", num_layers=args.layers, hidden_size=args.hidden,
-        num_heads=args.heads, num_kv_heads=args.heads if gpt2 else args.kv_heads,
-        ffn_size=(4 if gpt2 else 2) * args.hidden, vocab_size=args.vocab,
-        max_seq_len=max(args.seq, 256))
 
 
 def implementation(spec, args) -> tuple[str, str]:

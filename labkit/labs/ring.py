@@ -2,122 +2,29 @@
 counts the bytes each rank sent, and times both in the same run.
 
     torchrun --nproc-per-node 4 -m labkit.labs.ring --source my_ring.py --func ring_all_reduce
-    torchrun --nproc-per-node 4 -m labkit.labs.ring --source my_ring.py --func ring_all_gather \\
+    torchrun --nproc-per-node 4 -m labkit.labs.ring --source my_ring.py --func ring_all_gather \
         --op all_gather --bytes 4M --iters 5
 
-From a notebook (what the exercises of module 02 do), pass the function itself:
-
+From a notebook (module 02's exercises; the contract and the checks: `run_user_collective`):
     from labkit.labs.ring import run_user_collective
     r = run_user_collective(ring_all_reduce, op="all_reduce", nproc=4)
     r.ok, r.sent, r.expected_sent, r.time_ratio
-
-The function reaches the ranks as source: the notebook cell (or module) that defined it is
-written to a temporary file, keeping only its imports, definitions and constant assignments (so
-a call or a launch in the same cell does not run again on every rank), and each rank imports it.
-Anything the function uses must therefore be defined or imported in that same cell.
-
-Contract of the functions checked:
-- all_reduce: `fn(tensor)` sums `tensor` over all ranks *in place* (like dist.all_reduce).
-- all_gather: `fn(tensor)` returns a new tensor, the inputs of ranks 0..N-1 concatenated (dim 0).
-Each rank checks two inputs with exact small-integer values (so the order of additions does not
-matter): a small one (3N elements) and one of `--bytes` (default 4 MiB); the bytes it sends in the
-large call (the `wchar` delta of /proc/self/io: every byte gloo writes to its sockets) are
-compared with the ring's figure, `labkit.comm.bytes_sent_per_rank`.
-
-Only point-to-point messages are allowed: while the function runs, torch.distributed's
-collectives (and the process group's own) raise, and the check reports `refused` ("your
-ring_all_reduce calls torch.distributed.all_reduce; write it yourself ..."): an all-reduce that
-calls dist.all_reduce sends the right bytes too. A lab that hangs (the classic deadlock of
-blocking sends) is stopped after `timeout` s (45 by default; a correct run takes ~6 s on 2 cores).
 """
 from __future__ import annotations
 
 import argparse
-import ast
-import contextlib
-import importlib.util
-import inspect
-import linecache
-import os
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from labkit.labs.common.exercise import _Refused, _load, export_function, point_to_point_only
 
 OPS = ("all_reduce", "all_gather")
 DEFAULT_BYTES = 4 * 2**20
 DEFAULT_TIMEOUT = 45      # seconds: the deadlock bound (a correct run takes ~6 s on 2 cores)
-# What the learner's function may not call in the ranks (torch.distributed's module functions,
-# its functional collectives, and the process group's methods): everything but send/recv.
-COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor",
-               "all_gather_object", "all_gather_coalesced", "all_gather_tensor",
-               "_all_gather_base", "reduce_scatter", "reduce_scatter_tensor",
-               "_reduce_scatter_base", "all_to_all", "all_to_all_single", "broadcast",
-               "broadcast_object_list", "reduce", "gather", "gather_object", "scatter",
-               "scatter_object_list")
-PG_COLLECTIVES = ("allreduce", "allreduce_coalesced", "allgather", "allgather_coalesced",
-                  "allgather_into_tensor_coalesced", "_allgather_base", "all_gather_single",
-                  "all_gather_single_coalesced", "reduce_scatter", "reduce_scatter_single",
-                  "reduce_scatter_single_coalesced", "reduce_scatter_tensor_coalesced",
-                  "_reduce_scatter_base", "alltoall", "alltoall_base", "all_to_all_single",
-                  "broadcast", "reduce", "gather", "scatter")
-
 
 # ---------------------------------------------------------------------------------------------
 # from the notebook: the function's source to a file
-
-_KEEP = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-
-
-def _has_call(node) -> bool:
-    return any(isinstance(n, (ast.Call, ast.Await)) for n in ast.walk(node))
-
-
-def function_source(fn) -> str:
-    """The source of the cell or module that defined `fn`, reduced to what defining it needs:
-    imports, function and class definitions, and assignments that call nothing."""
-    name = getattr(fn, "__name__", None)
-    code = getattr(fn, "__code__", None)
-    if code is None or name is None:
-        raise TypeError(f"expected a Python function, got {type(fn).__name__}")
-    text = "".join(linecache.getlines(code.co_filename))
-    if not text:
-        try:
-            text = inspect.getsource(fn)
-        except (OSError, TypeError):
-            raise ValueError(f"cannot find the source of {name}(): define it in a notebook cell "
-                             "or a .py file and run that cell again") from None
-    return reduced_source(text, name, (ast.FunctionDef, ast.AsyncFunctionDef), f"{name}()")
-
-
-def reduced_source(text: str, name: str, kinds, label: str) -> str:
-    """`text` (a cell or a module) reduced to what defining `name` (a top-level node of one of
-    `kinds`) needs: imports, function and class definitions, assignments that call nothing.
-    label: how messages name it ("ring_all_reduce()", "class MyDDP")."""
-    try:
-        tree = ast.parse(text)
-    except SyntaxError as exc:
-        raise ValueError(f"the cell that defines {label} does not parse: {exc}") from None
-    if not any(isinstance(n, kinds) and n.name == name for n in tree.body):
-        raise ValueError(f"{label} must be defined at the top level of its cell (not inside "
-                         "another function or an if-block), so that the ranks can import it")
-    lines = text.splitlines()
-    kept = []
-    for node in tree.body:
-        if isinstance(node, _KEEP) or (isinstance(node, (ast.Assign, ast.AnnAssign))
-                                       and not _has_call(node)):
-            first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-            kept.append("\n".join(lines[first - 1:node.end_lineno]))   # whole lines: comments too
-    return "\n\n".join(kept) + "\n"
-
-
-def export_function(fn, directory: str | None = None) -> str:
-    """Write `function_source(fn)` to a .py file in `directory` (a new temp dir by default)."""
-    directory = directory or tempfile.mkdtemp(prefix="labkit-user-")
-    path = os.path.join(directory, f"user_{fn.__name__}.py")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(function_source(fn))
-    return path
 
 
 @dataclass
@@ -187,9 +94,31 @@ def run_user_collective(fn, op: str = "all_reduce", nproc: int = 4,
                         timeout: float = DEFAULT_TIMEOUT,
                         quiet: bool = True) -> CollectiveCheck:
     """Run `fn` (defined in a notebook cell or a module) on `nproc` ranks as the `op` it
-    implements, against torch's collective: see the module docstring. Raises ValueError for a
-    stub or a function whose source cannot be found, and labkit.runtime.launch.LabError (naming the rank
-    and its exception) when a rank fails or the run passes `timeout` seconds."""
+    implements, against torch's collective. Raises ValueError for a stub or a function whose
+    source cannot be found, and labkit.runtime.launch.LabError (naming the rank and its
+    exception) when a rank fails or the run passes `timeout` seconds.
+
+    The function reaches the ranks as source: the notebook cell (or module) that defined it is
+    written to a temporary file, keeping only its imports, definitions and constant assignments
+    (so a call or a launch in the same cell does not run again on every rank), and each rank
+    imports it. Anything the function uses must therefore be defined or imported in that same
+    cell.
+
+    Contract of the functions checked:
+    - all_reduce: `fn(tensor)` sums `tensor` over all ranks *in place* (like dist.all_reduce).
+    - all_gather: `fn(tensor)` returns a new tensor, the inputs of ranks 0..N-1 concatenated
+      (dim 0).
+    Each rank checks two inputs with exact small-integer values (so the order of additions does
+    not matter): a small one (3N elements) and one of `--bytes` (default 4 MiB); the bytes it
+    sends in the large call (the `wchar` delta of /proc/self/io: every byte gloo writes to its
+    sockets) are compared with the ring's figure, `labkit.comm.bytes_sent_per_rank`.
+
+    Only point-to-point messages are allowed: while the function runs, torch.distributed's
+    collectives (and the process group's own) raise, and the check reports `refused` ("your
+    ring_all_reduce calls torch.distributed.all_reduce; write it yourself ..."): an all-reduce
+    that calls dist.all_reduce sends the right bytes too. A lab that hangs (the classic deadlock
+    of blocking sends) is stopped after `timeout` s (45 by default; a correct run takes ~6 s on
+    2 cores)."""
     from labkit.runtime.launch import LabError, run_lab
     from labkit.validate import choice, positive_int
 
@@ -230,14 +159,6 @@ def run_user_collective(fn, op: str = "all_reduce", nproc: int = 4,
 # ---------------------------------------------------------------------------------------------
 # inside a rank
 
-def _load(source: str, func: str):
-    spec = importlib.util.spec_from_file_location("user_collective", source)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if not hasattr(module, func):
-        raise SystemExit(f"{source} defines no function {func!r}")
-    return getattr(module, func)
-
 
 def _inputs(op, numel, rank, world_size):
     """Small exact integers: sums are exact in float32 whatever the order of additions."""
@@ -246,40 +167,6 @@ def _inputs(op, numel, rank, world_size):
     per_rank = numel // world_size if op == "all_gather" else numel
     return torch.randint(-8, 8, (per_rank,), generator=g).float()
 
-
-class _Refused(Exception):
-    """The learner's function called a collective."""
-
-
-@contextlib.contextmanager
-def point_to_point_only(func: str, refusals: list):
-    """While inside, every collective of torch.distributed (module functions, functional
-    collectives, process-group methods) raises _Refused naming `func`, noted in `refusals`."""
-    import torch.distributed as tdist
-    from torch.distributed import distributed_c10d
-
-    def refuse(what):
-        def refused(*args, **kwargs):
-            message = (f"your {func} calls {what}; write it yourself with dist.isend/dist.irecv "
-                       "(only point-to-point messages)")
-            refusals.append(message)
-            raise _Refused(message)
-        return refused
-
-    modules = [tdist, distributed_c10d, sys.modules.get("torch.distributed._functional_collectives")]
-    targets = [(m, n, f"{m.__name__}.{n}") for m in modules if m is not None
-               for n in COLLECTIVES if n in vars(m)]
-    targets += [(tdist.ProcessGroup, n, f"ProcessGroup.{n}") for n in PG_COLLECTIVES
-                if n in vars(tdist.ProcessGroup)]
-    saved = [(owner, name, vars(owner)[name]) for owner, name, _ in targets]
-    try:
-        for owner, name, what in targets:
-            setattr(owner, name, refuse(what.replace("torch.distributed.distributed_c10d",
-                                                     "torch.distributed")))
-        yield
-    finally:
-        for owner, name, original in saved:
-            setattr(owner, name, original)
 
 
 def _call(fn, op, x, refusals: list, func: str):
@@ -346,7 +233,8 @@ def main(argv=None) -> None:
     import torch.distributed as tdist
     from labkit.runtime import dist
     from labkit.comm import bytes_sent_per_rank
-    from labkit.labs.collectives import bytes_written, parse_size
+    from labkit.labs.common.wire import bytes_written
+    from labkit.labs.common.flags import parse_size
 
     ctx = dist.setup(backend="gloo")     # the byte count reads this process's socket writes
     n, rank = ctx.world_size, ctx.rank

@@ -5,13 +5,10 @@ held before and after each.
     python -m labkit.labs.semantics                                   # 1 process (trivial)
     torchrun --nproc-per-node 4 -m labkit.labs.semantics              # 4 ranks (gloo on CPU)
     labkit run semantics -n 4                                         # the same through labkit
-    torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d \\
+    torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d \
         --rdzv-endpoint HOST:29500 -m labkit.labs.semantics           # two nodes
 
-Rank r's input holds N numbers 10*r + c, c = 0..N-1 (so "23" reads "from rank 2, chunk 3"):
-element c is chunk c where an op works on chunks (reduce_scatter, all_to_all). The root of
-broadcast and reduce is rank 0; send/recv sends rank 0's tensor to rank 1. Each rank reports
-{op: {"before": [...], "after": [...]}} (labkit.runtime.dist.report), and rank 0 prints a table.
+Inputs ("23" reads "from rank 2, chunk 3"), roots, the report: docs/labs.md, ## semantics.
 """
 from __future__ import annotations
 

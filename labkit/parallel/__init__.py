@@ -2,13 +2,18 @@
 
 One file per axis, picotron-style, the naive version beside the optimised one, each tested
 against a single-device reference: `ddp` (NaiveDDP, OverlappedDDP, BucketedDDP), `zero`
-(ShardedOptimizer = ZeRO-1, ShardedGradientOptimizer = ZeRO-2; `zero3`: FullyShardedModel), `tensor` (Megatron f/g, column/row parallel
-layers, sequence parallelism), `pipe` (GPipe and 1F1B over send/recv), `mesh` (validated degrees,
-named DeviceMesh axes, the ordered composition TP -> activation checkpointing -> FSDP).
-Modules 03-08 of the course fill this folder.
+(ShardedOptimizer = ZeRO-1, ShardedGradientOptimizer = ZeRO-2), `zero3` (FullyShardedModel),
+`tensor` (Megatron f/g, column/row parallel layers, sequence parallelism), `pipe` (GPipe and 1F1B
+over send/recv), `mesh` (validated degrees, named DeviceMesh axes, the ordered composition TP ->
+activation checkpointing -> FSDP). Modules 03-08 of the course fill this folder; the helpers
+they share are below.
 
 May import: torch, layer 1 and runtime/. Never labs/, course/, cli/ or the views.
 """
+
+import math
+
+from labkit.validate import MAX_PARAMS, MAX_RANKS, positive_int
 
 
 def require_process_group(name: str) -> None:
@@ -18,3 +23,12 @@ def require_process_group(name: str) -> None:
         raise RuntimeError(f"{name} needs the process group, and torch.distributed is not "
                            "initialised in this process: call labkit.runtime.dist.setup() (or "
                            "torch.distributed.init_process_group) first, on every rank")
+
+
+def padded_size(numel, world_size) -> int:
+    """Elements of a flat buffer of `numel` padded to split into `world_size` equal shards:
+    world_size * ceil(numel / world_size). The padding is fewer than world_size elements.
+    Shared by ZeRO-1/2's flat buffer (`zero`) and ZeRO-3's per-parameter shards (`zero3`)."""
+    n = positive_int("world_size", world_size, MAX_RANKS)
+    p = positive_int("numel", numel, MAX_PARAMS)
+    return n * math.ceil(p / n)

@@ -6,17 +6,8 @@
     if found:
         step = checkpoint.load(model, optimizer, found[1])   # every rank; any world size
 
-Layout: `ckpt_dir/step_XXXXXX/` holds DCP's files (one `__R_0.distcp` per rank that wrote, and
-`.metadata`, the index DCP writes last) and `labkit.json` (the step, the world size that saved
-it, `extra`). A directory is complete when it has that name: `save` writes into
-`step_XXXXXX.partial` and rank 0 renames it only after every rank's data and the metadata are
-on disk (dcp.save returns on every rank only then). A crash mid-save leaves a `.partial`
-directory, which `latest` never picks (and the next save of that step removes).
-
-What resumes: the model and optimizer state (`get_state_dict` / `set_state_dict`: each rank
-saves its shards, DCP reshards on load, so a checkpoint of 4 ranks loads on 2) and the step.
-The data of a step is a function of the step alone in the labs (a seed of the step), so the
-step is the whole data position; anything else a run needs goes into `extra` (JSON).
+The directory layout, and why a crash mid-save is never resumed from: `save`. What resumes (the
+model, the optimizer, the step; DCP reshards on load): `load`.
 """
 from __future__ import annotations
 
@@ -57,7 +48,15 @@ def _barrier() -> None:
 def save(model, optimizer, step: int, ckpt_dir, extra: dict | None = None) -> str:
     """Save `model` (FSDP2 or plain) and `optimizer` as the checkpoint of `step`, on every rank
     (a collective); return its directory. Each rank writes its own shards; `extra` (a dict of
-    JSON values) is stored beside them by rank 0."""
+    JSON values) is stored beside them by rank 0.
+
+    Layout: `ckpt_dir/step_XXXXXX/` holds DCP's files (one `__R_0.distcp` per rank that wrote,
+    and `.metadata`, the index DCP writes last) and `labkit.json` (the step, the world size that
+    saved it, `extra`). A directory is complete when it has that name: `save` writes into
+    `step_XXXXXX.partial` and rank 0 renames it only after every rank's data and the metadata
+    are on disk (dcp.save returns on every rank only then). A crash mid-save leaves a
+    `.partial` directory, which `latest` never picks (and the next save of that step
+    removes)."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
@@ -117,7 +116,13 @@ def info(path) -> dict:
 
 def load(model, optimizer, path) -> int:
     """Load checkpoint `path` into `model` and `optimizer` on every rank (a collective) and
-    return its step. The world size may differ from the one that saved it."""
+    return its step. The world size may differ from the one that saved it.
+
+    What resumes: the model and optimizer state (`get_state_dict` / `set_state_dict`: each rank
+    saves its shards, DCP reshards on load, so a checkpoint of 4 ranks loads on 2) and the
+    step. The data of a step is a function of the step alone in the labs (a seed of the step),
+    so the step is the whole data position; anything else a run needs goes into `extra`
+    (JSON)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
 

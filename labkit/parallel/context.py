@@ -1,46 +1,13 @@
 """Context parallelism by hand: ring attention over send/recv (Liu et al. 2023; Megatron-LM's CP).
 
-Each of the cp ranks of a group holds s/cp of the sequence: its queries, keys and values. Full
-attention needs every query against every key, so the ranks pass their K/V block around the ring
-(rank r sends to r+1 and receives from r-1), cp - 1 times, and each rank combines the partial
-results it computes against every block with the log-sum-exp trick: for two partial results
-(out_a, lse_a) and (out_b, lse_b) over disjoint sets of keys,
-
-    lse = log(exp(lse_a) + exp(lse_b))
-    out = exp(lse_a - lse) out_a + exp(lse_b - lse) out_b
-
-which is exactly softmax over the union (out_a is softmax-weighted over its keys, lse_a the log
-of its softmax denominator). No rank ever holds an s x s score matrix, only (s/cp) x (s/cp).
-
-    from labkit.parallel.context import ring_attention, shard_sequence
     q, k, v = (shard_sequence(t, rank, cp, layout="zigzag") for t in (q_full, k_full, v_full))
     out = ring_attention(q, k, v, group=cp_group, causal=True, layout="zigzag")
-    # out == shard_sequence(F.scaled_dot_product_attention(q_full, k_full, v_full,
-    #                                                     is_causal=True), rank, cp, "zigzag")
+    # == shard_sequence(F.scaled_dot_product_attention(q_full, k_full, v_full, is_causal=True),
+    #                   rank, cp, "zigzag")
 
-Shapes: [batch, heads, s/cp, head_dim] (SDPA's layout); k, v may have fewer (KV) heads (GQA):
-the smaller K/V blocks are what travels. K and V travel packed in one message per step, of
-2 x b x (s/cp) x kv_size x bytes: what `labkit.comm.step_communication("cp", ...)` counts.
-
-Causal masking per block, by global positions. layout="contiguous": rank r holds chunk r; the
-blocks of later ranks are all masked and skipped, so rank cp-1 computes cp blocks and rank 0
-one: unbalanced. layout="zigzag" (load-balanced, Megatron-LM / Llama 3): the sequence is cut in
-2 cp chunks and rank r holds chunks r and 2cp-1-r, one early and one late: every rank computes
-the same number of visible query-key pairs (`causal_work`).
-
-Backward: autograd through the local ops; each ring step is `RingShift`, whose backward sends
-the K/V block's gradient back the way the block came (cp - 1 messages of the same size; every
-rank runs all of them, also for blocks it masked: see the end of `ring_attention`). Autograd
-keeps every received block for the backward (cp blocks of K/V per rank) instead of passing K/V
-around a second time: 2 (cp - 1) messages per layer where step_communication's Megatron-style
-count, which re-sends K/V in the backward to keep one block at a time, is 3 (cp - 1). Messages
-are not overlapped with compute here (a real implementation posts the next send/recv before it
-computes on the current block).
-
-torch's own `torch.distributed.tensor.experimental.context_parallel` does not run on CPU in
-torch 2.13: its SDPA override has no sharding rule for the CPU kernel
-(`aten._scaled_dot_product_flash_attention_for_cpu`), and with the math backend it fails mixing
-Tensors and DTensors. The course uses this hand-built ring on CPU.
+How it works: `ring_attention`. torch's own `context_parallel` does not run on CPU in torch 2.13
+(its SDPA override has no sharding rule for `aten._scaled_dot_product_flash_attention_for_cpu`;
+with the math backend it fails mixing Tensors and DTensors), so the course uses this ring on CPU.
 """
 from __future__ import annotations
 
@@ -50,6 +17,11 @@ import torch
 
 from labkit import validate
 
+# Causal masking is per block, by global positions. layout="contiguous": rank r holds chunk r;
+# the blocks of later ranks are all masked and skipped, so rank cp-1 computes cp blocks and
+# rank 0 one: unbalanced. layout="zigzag" (load-balanced, Megatron-LM / Llama 3): the sequence
+# is cut in 2 cp chunks and rank r holds chunks r and 2cp-1-r, one early and one late: every
+# rank computes the same number of visible query-key pairs (`causal_work`).
 LAYOUTS = ("contiguous", "zigzag")
 
 
@@ -160,7 +132,34 @@ def ring_attention(q, k, v, *, group=None, causal: bool = True, layout: str = "c
                    scale: float | None = None):
     """This rank's attention output for its queries against the whole sequence's keys, passing
     K/V blocks around `group` (default: the world; without a process group, one rank).
-    q, k, v: this rank's part of the sequence, as `shard_sequence(..., layout)` cuts it."""
+    q, k, v: this rank's part of the sequence, as `shard_sequence(..., layout)` cuts it.
+
+    Each of the cp ranks of a group holds s/cp of the sequence: its queries, keys and values.
+    Full attention needs every query against every key, so the ranks pass their K/V block
+    around the ring (rank r sends to r+1 and receives from r-1), cp - 1 times, and each rank
+    combines the partial results it computes against every block with the log-sum-exp trick:
+    for two partial results (out_a, lse_a) and (out_b, lse_b) over disjoint sets of keys,
+
+        lse = log(exp(lse_a) + exp(lse_b))
+        out = exp(lse_a - lse) out_a + exp(lse_b - lse) out_b
+
+    which is exactly softmax over the union (out_a is softmax-weighted over its keys, lse_a the
+    log of its softmax denominator). No rank ever holds an s x s score matrix, only
+    (s/cp) x (s/cp).
+
+    Shapes: [batch, heads, s/cp, head_dim] (SDPA's layout); k, v may have fewer (KV) heads
+    (GQA): the smaller K/V blocks are what travels. K and V travel packed in one message per
+    step, of 2 x b x (s/cp) x kv_size x bytes: what `labkit.comm.step_communication("cp", ...)`
+    counts. Causal masking: the layouts, above `LAYOUTS`.
+
+    Backward: autograd through the local ops; each ring step is `RingShift`, whose backward
+    sends the K/V block's gradient back the way the block came (cp - 1 messages of the same
+    size; every rank runs all of them, also for blocks it masked: see the end of this
+    function). Autograd keeps every received block for the backward (cp blocks of K/V per
+    rank) instead of passing K/V around a second time: 2 (cp - 1) messages per layer where
+    step_communication's Megatron-style count, which re-sends K/V in the backward to keep one
+    block at a time, is 3 (cp - 1). Messages are not overlapped with compute here (a real
+    implementation posts the next send/recv before it computes on the current block)."""
     import torch.distributed as dist
 
     _check_qkv(q, k, v)

@@ -1,78 +1,13 @@
 """Data parallelism by hand: three DDPs, from the obvious one to the one torch ships.
 
-Every rank holds the whole model and runs forward and backward on its own slice of the batch.
-After backward, each rank has the gradient of *its* loss; averaging the gradients over the N
-ranks gives every rank the gradient of the mean loss over the whole batch (the shards are the
-same size and the loss is a mean), so the same optimizer step keeps the replicas identical. The
-three classes below differ only in *when* and *in how many pieces* that average is computed:
-
     model = BucketedDDP(module, bucket_size_mb=25.0)   # or NaiveDDP(module), OverlappedDDP(module)
-    loss = loss_fn(model(x), y)                        # x, y: this rank's shard
-    loss.backward()
+    loss_fn(model(x), y).backward()                    # x, y: this rank's shard
     model.finish_gradient_synchronization()            # every grad = the average over ranks
     optimizer.step(); optimizer.zero_grad()
 
-What each costs per step, for T parameter tensors holding P elements of b bytes (fp32: b = 4),
-N ranks, a link of latency a and bandwidth B per direction:
-
-| class         | all-reduces | bytes | launched                  | exposed (after backward)  |
-|---------------|-------------|-------|---------------------------|---------------------------|
-| NaiveDDP      | T           | P*b   | after backward            | all: T*a + 2(N-1)/N*P*b/B |
-| OverlappedDDP | T           | P*b   | as each gradient is ready | what runs on after the    |
-| BucketedDDP   | ~P*b / cap  | P*b   | as each bucket fills      | last gradient: >= 1 group |
-
-"bytes" is what `labkit.runtime.measure.CollectiveCounter` counts and
-`labkit.comm.step_communication("ddp", ...)` predicts: every gradient once; a ring all-reduce
-sends 2(N-1)/N of it per rank. The bytes are the same for all three: what changes is latency
-(T small messages, one per bias and LayerNorm, each paying a) and overlap (communication that
-runs while the rest of backward computes is hidden). BucketedDDP pays for its few large messages
-with memory (a flat buffer per bucket: one more copy of the gradients) and two copies per step
-(gradients in, averages out); torch's `gradient_as_bucket_view=True` makes the gradients views
-of the buckets and saves both.
-
-- NaiveDDP: after backward, one blocking all-reduce per parameter, then divide by N. Nothing
-  overlaps: the whole communication time is added to the step.
-- OverlappedDDP: a hook (`register_post_accumulate_grad_hook`) fires when a parameter's
-  gradient is complete and launches its all-reduce asynchronously (`async_op=True`), while
-  autograd goes on with earlier layers; `finish_gradient_synchronization()` waits for the
-  handles and divides.
-- BucketedDDP: parameters in reverse order of registration (the order their gradients are
-  ready: backward runs from the last layer to the first) are packed into buckets of about
-  `bucket_size_mb` (`assign_buckets`); when the last gradient of a bucket arrives, the gradients
-  are copied into the bucket's flat buffer and one async all-reduce sends them all.
-
-Rules all three follow (as torch's DDP does, except where said):
-- Construction broadcasts rank 0's parameters (frozen ones included) and buffers, one broadcast
-  per tensor, so every replica starts from the same weights.
-- A parameter used twice (tied embedding and output weights) is one Parameter: it is
-  synchronised once (parameters are deduplicated by identity). A parameter with
-  `requires_grad=False` is never synchronised, and keeps no gradient. The set of synchronised
-  parameters is fixed at construction.
-- `no_sync()`: backward passes inside it accumulate gradients locally and communicate nothing
-  (`finish_gradient_synchronization()` there does nothing); the first backward outside it
-  synchronises the accumulated gradient. Gradient accumulation over k micro-batches therefore
-  costs one synchronisation per optimizer step, not k.
-- Collectives are launched in the same order on every rank (gloo and NCCL match calls by their
-  order): a group (a parameter, or a bucket) whose gradients are ready waits for the groups
-  before it, as torch's reducer launches its buckets in order. Groups follow the reverse
-  order of registration, so a model that registers its layers in another order than it runs
-  them overlaps less (torch re-orders its buckets after the first iteration, see below).
-- A parameter with no gradient after backward (unused in this forward, on this rank or all of
-  them) contributes zeros: `finish_gradient_synchronization()` launches what its hook never did,
-  so no rank waits forever for a collective another never issues, and afterwards it holds the
-  average (zero if no rank used it). Its group, and the groups after it, go only then: an
-  unused parameter costs overlap. torch's DDP without `find_unused_parameters=True` raises at
-  the next iteration instead ("Expected to have finished reduction in the prior iteration");
-  with it, DDP walks the autograd graph after every forward to mark unused parameters ready,
-  sends the same gradient bytes plus a small all-reduce of which parameters each rank used, and
-  leaves a parameter no rank used with grad None (an optimizer skips it; here it gets a zero
-  gradient, which weight decay or momentum still act on).
-
-What torch's `DistributedDataParallel` adds: with the default cap its first bucket is 1 MiB
-(communication starts sooner), it rebuilds its buckets after the first iteration in the order
-gradients really arrived, it divides by N while copying into the bucket, and by default it
-broadcasts rank 0's buffers before every forward (`forward_sync_buffers`, formerly
-`broadcast_buffers`); here buffers are broadcast once, at construction.
+The three differ only in when and in how many pieces the gradients are averaged (each class
+says how; the rules they share: `_DataParallel`). After torch's DistributedDataParallel (Li et
+al. 2020, "PyTorch Distributed", VLDB); what each costs per step: docs/labkit.md.
 """
 from __future__ import annotations
 
@@ -139,7 +74,42 @@ def _bucket_bytes(bucket_size_mb) -> float:
 # what the three share: checks, the broadcast, the parameters to synchronise, no_sync
 
 class _DataParallel(nn.Module):
-    """The wrapper: `.module`, forward, the broadcast at construction, no_sync()."""
+    """The wrapper: `.module`, forward, the broadcast at construction, no_sync().
+
+    Every rank holds the whole model and runs forward and backward on its own slice of the
+    batch. After backward, each rank has the gradient of *its* loss; averaging the gradients
+    over the N ranks gives every rank the gradient of the mean loss over the whole batch (the
+    shards are the same size and the loss is a mean), so the same optimizer step keeps the
+    replicas identical.
+
+    Rules all three DDPs follow (as torch's DDP does, except where said):
+    - Construction broadcasts rank 0's parameters (frozen ones included) and buffers, one
+      broadcast per tensor, so every replica starts from the same weights.
+    - A parameter used twice (tied embedding and output weights) is one Parameter: it is
+      synchronised once (parameters are deduplicated by identity). A parameter with
+      `requires_grad=False` is never synchronised, and keeps no gradient. The set of
+      synchronised parameters is fixed at construction.
+    - `no_sync()`: backward passes inside it accumulate gradients locally and communicate
+      nothing (`finish_gradient_synchronization()` there does nothing); the first backward
+      outside it synchronises the accumulated gradient. Gradient accumulation over k
+      micro-batches therefore costs one synchronisation per optimizer step, not k.
+    - Collectives are launched in the same order on every rank (gloo and NCCL match calls by
+      their order): a group (a parameter, or a bucket) whose gradients are ready waits for the
+      groups before it, as torch's reducer launches its buckets in order. Groups follow the
+      reverse order of registration, so a model that registers its layers in another order
+      than it runs them overlaps less (torch re-orders its buckets after the first iteration).
+    - A parameter with no gradient after backward (unused in this forward, on this rank or all
+      of them) contributes zeros: `finish_gradient_synchronization()` launches what its hook
+      never did, so no rank waits forever for a collective another never issues, and
+      afterwards it holds the average (zero if no rank used it). Its group, and the groups
+      after it, go only then: an unused parameter costs overlap. torch's DDP without
+      `find_unused_parameters=True` raises at the next iteration instead ("Expected to have
+      finished reduction in the prior iteration"); with it, DDP walks the autograd graph after
+      every forward to mark unused parameters ready, sends the same gradient bytes plus a small
+      all-reduce of which parameters each rank used, and leaves a parameter no rank used with
+      grad None (an optimizer skips it; here it gets a zero gradient, which weight decay or
+      momentum still act on).
+    """
 
     def __init__(self, module):
         name = type(self).__name__
@@ -183,7 +153,11 @@ class _DataParallel(nn.Module):
 # 1. naive: after backward, one blocking all-reduce per parameter
 
 class NaiveDDP(_DataParallel):
-    """One all-reduce per parameter after backward; nothing overlaps (module docstring)."""
+    """One all-reduce per parameter after backward; nothing overlaps.
+
+    After backward, one blocking all-reduce per parameter, then divide by N: the whole
+    communication time is added to the step, and each of the T tensors (one per bias and
+    LayerNorm too) pays the latency once."""
 
     def finish_gradient_synchronization(self) -> None:
         """All-reduce every gradient, one after another; each becomes the average over ranks."""
@@ -265,7 +239,12 @@ class _HookedDDP(_DataParallel):
 # 2. overlapped: an async all-reduce per parameter, launched as soon as its gradient is ready
 
 class OverlappedDDP(_HookedDDP):
-    """An async all-reduce per parameter from its post-accumulate-grad hook (module docstring)."""
+    """An async all-reduce per parameter from its post-accumulate-grad hook.
+
+    The hook (`register_post_accumulate_grad_hook`) fires when a parameter's gradient is
+    complete and launches its all-reduce asynchronously (`async_op=True`), while autograd goes
+    on with earlier layers; `finish_gradient_synchronization()` waits for the handles and
+    divides. Still T messages, but what runs while the rest of backward computes is hidden."""
 
     def __init__(self, module):
         super().__init__(module)
@@ -285,7 +264,15 @@ class OverlappedDDP(_HookedDDP):
 # 3. bucketed: gradients packed into flat buffers, one async all-reduce per bucket
 
 class BucketedDDP(_HookedDDP):
-    """One async all-reduce per bucket of about `bucket_size_mb` MiB (module docstring)."""
+    """One async all-reduce per bucket of about `bucket_size_mb` MiB.
+
+    Parameters in reverse order of registration (the order their gradients are ready: backward
+    runs from the last layer to the first) are packed into buckets of about `bucket_size_mb`
+    (`assign_buckets`); when the last gradient of a bucket arrives, the gradients are copied
+    into the bucket's flat buffer and one async all-reduce sends them all. The few large
+    messages cost memory (a flat buffer per bucket: one more copy of the gradients) and two
+    copies per step (gradients in, averages out); torch's `gradient_as_bucket_view=True` makes
+    the gradients views of the buckets and saves both."""
 
     def __init__(self, module, bucket_size_mb: float = 25.0):
         _bucket_bytes(bucket_size_mb)          # refuse a bad size before touching the group

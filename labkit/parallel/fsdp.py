@@ -3,18 +3,11 @@
 `shard_model(model, ...)` is the one place the labs, the lesson and the exercises turn a
 transformers model into an FSDP2 model, so an option means the same everywhere:
 
-    from labkit.parallel.fsdp import shard_model
     shard_model(model, per_block=True, reshard_after_forward=True,
                 param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
                 prefetch=1, checkpoint_blocks=False, offload=False)
 
-Order (torchtitan's): activation checkpointing wraps each block first, then `fully_shard` on
-every block (one FSDP unit each: its parameters are all-gathered together), then on the root
-(embeddings, final norm, head and anything left). Like FSDP2's default, the root keeps its
-weights after the forward (the backward needs them at once), so the root never re-gathers: the
-model `labkit.comm.step_communication("fsdp", ...)` counts.
-
-The hand-built ZeRO-3 this replaces is `labkit.parallel.zero3.FullyShardedModel` (module 04).
+The order (torchtitan's): `shard_model`. It replaces module 04's `labkit.parallel.zero3`.
 """
 from __future__ import annotations
 
@@ -99,6 +92,13 @@ def shard_model(model: nn.Module, *, mesh=None, per_block: bool = True,
         implicit prefetching. checkpoint_blocks: `checkpoint_block` each block before sharding.
     offload: CPUOffloadPolicy: shards, gradients and the optimizer step live in host memory
         (on a CPU-only machine nothing moves; the policy still runs).
+
+    Order (torchtitan's): activation checkpointing wraps each block first, then `fully_shard`
+    on every block (one FSDP unit each: its parameters are all-gathered together), then on the
+    root (embeddings, final norm, head and anything left). Like FSDP2's default, the root keeps
+    its weights after the forward (the backward needs them at once), so the root never
+    re-gathers: the model `labkit.comm.step_communication("fsdp", ...)` counts. The hand-built
+    ZeRO-3 this replaces is `labkit.parallel.zero3.FullyShardedModel` (module 04).
     """
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 

@@ -1,24 +1,13 @@
 """The degrees of a parallel job, the ranks each group holds, the named DeviceMesh, and the one
 ordered composition TP -> activation checkpointing -> FSDP (torchtitan's order).
 
-    from labkit.parallel.mesh import Degrees, parallelize
     deg = Degrees.for_world(8, tp=2, pp=2)          # dp = 8 / (2 x 2) = 2
     deg.check("llama2-7b", seq_len=4096, global_batch=64)   # ValueError naming what is wrong
     deg.groups("tp")        # [[0, 1], [2, 3], [4, 5], [6, 7]]: pure Python, no ranks needed
     mesh = deg.build_mesh("cpu")                    # inside ranks: init_device_mesh, named axes
-    parallelize(model, mesh, activation_checkpoint=True)
+    parallelize(model, mesh, activation_checkpoint=True)    # pp: split first, see parallelize
 
-Rank order (`AXES`, outermost first): pp, dp, cp, tp. A rank's coordinates are read from its
-number as from a row-major array of shape (pp, dp, cp, tp): rank = ((p dp + d) cp + c) tp + t.
-TP is innermost, so a TP group is tp consecutive ranks: with tp dividing the GPUs per node, it
-stays inside one node (its per-layer collectives use NVLink); CP next (its K/V ring also wants
-the fast link), then DP, and PP outermost (one send per micro-batch and stage boundary: it
-tolerates the inter-node link best). Megatron-LM numbers its ranks the same way (tp-cp-dp-pp,
-innermost first), and so does labkit.planner when it picks each axis's link.
-
-Pipeline parallelism is not applied here: split the model first (labkit.parallel.pipe
-.split_model), keep this rank's stage (mesh["pp"].get_local_rank()) and `parallelize` that stage
-with the same mesh; its decoder layers are found the same way.
+Ranks are numbered TP innermost, as Megatron-LM does (why: above `AXES`).
 """
 from __future__ import annotations
 
@@ -28,6 +17,13 @@ import math
 
 from labkit import validate
 
+# Rank order (outermost first): pp, dp, cp, tp. A rank's coordinates are read from its number as
+# from a row-major array of shape (pp, dp, cp, tp): rank = ((p dp + d) cp + c) tp + t. TP is
+# innermost, so a TP group is tp consecutive ranks: with tp dividing the GPUs per node, it stays
+# inside one node (its per-layer collectives use NVLink); CP next (its K/V ring also wants the
+# fast link), then DP, and PP outermost (one send per micro-batch and stage boundary: it
+# tolerates the inter-node link best). Megatron-LM numbers its ranks the same way (tp-cp-dp-pp,
+# innermost first), and so does labkit.planner when it picks each axis's link.
 AXES = ("pp", "dp", "cp", "tp")          # outermost to innermost
 TP_PLANS = ("llama", "llama-sp")
 MP_KEYS = ("param_dtype", "reduce_dtype")
@@ -292,7 +288,9 @@ def parallelize(model, mesh, *, tp_plan="llama", activation_checkpoint: bool = F
     3. FSDP2 (labkit.parallel.fsdp.shard_model: per layer, then the root) over mesh["dp"],
        or over dp and cp flattened when cp > 1 (CP ranks hold the same weights and average
        their gradients as data-parallel ones do). mp: {"param_dtype": ..., "reduce_dtype": ...}.
-    The pp axis is not touched (see the module's docstring)."""
+    The pp axis is not touched: split the model first (labkit.parallel.pipe.split_model), keep
+    this rank's stage (mesh["pp"].get_local_rank()) and `parallelize` that stage with the same
+    mesh; its decoder layers are found the same way."""
     from labkit.parallel import fsdp as fsdp_mod
 
     validate.choice("activation_checkpoint", activation_checkpoint, (False, True))

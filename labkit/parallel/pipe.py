@@ -1,38 +1,13 @@
 """Pipeline parallelism by hand: GPipe and 1F1B over send/recv, picotron-style.
 
-Rank r holds stage r of p (`split_model`, in pipe_split.py). One training step cuts the batch
-into m micro-batches (`split_batch`); a micro-batch's activation goes forward from stage r to
-r + 1, its gradient comes back from r + 1 to r:
-
     stages = split_model(model, world)           # on every rank; keep stages[rank]
     loss, stats = one_f_one_b_step(stages[rank], split_batch(ids, ids, m), rank=rank,
                                    world=world, loss_fn=None)   # None: the stage's causal_lm_loss
     optimizer.step()                             # the gradients summed over the m micro-batches
 
-- GPipe (Huang et al. 2019): all m forwards, then all m backwards. A stage holds all m
-  micro-batches' activations at once.
-- 1F1B (PipeDream-Flush, Narayanan et al. 2021, §2.2): stage r runs p - r - 1 forwards
-  (warm-up), then one forward and one backward in turn (steady state), then the backwards left
-  (cool-down). It holds at most p - r micro-batches. Same bubble as GPipe, (p-1)/(m+p-1).
-
-The last stage divides each micro-batch's loss by m, so with equal micro-batches the gradients
-summed over them, and the loss returned, are the full batch's mean: parameters after an
-optimizer step equal a single process's. Both functions return (loss, stats): loss a detached
-0-dim tensor on the last stage, None on the others. In stats: "peak_in_flight", how many
-micro-batches' activations (autograd graphs) this stage held at once; "peak_activation_bytes",
-the bytes autograd had saved for backward at the peak (saved-tensor hooks, each storage once,
-parameters left out); "events", its operations as dicts {stage, kind "F"|"B", microbatch,
-chunk 0, start, end} in seconds from a start the ranks agree on (a barrier), comparable with
-`labkit.pipeline.simulate`'s events (`compare_events`, `labkit.pipeline.idle_share`). F and B
-time the compute only: the wait for a neighbour's message is idle time, as in the simulator;
-"p2p", the sends and receives (count and bytes).
-
-Sends are non-blocking (isend), receives blocking. A blocking send returns only once the peer
-has taken the message (NCCL; gloo as well), so a stage would sit idle until its neighbour
-reached the matching receive: with isend it goes on with its next operation, like the
-simulator's stages, and waits for its sends only at the end of the step. A receive must block:
-the operation needs its data. Shapes are known in advance (the stage's `boundary` from the
-micro-batch's shape), so no message about shapes precedes the tensors.
+Rank r holds stage r of p (`split_model`, in pipe_split.py); GPipe (Huang et al. 2019) and 1F1B
+(PipeDream-Flush, Narayanan et al. 2021, §2.2) are `gpipe_step` and `one_f_one_b_step`, which
+say what a step returns; how messages are sent: `_StageRun`.
 """
 from __future__ import annotations
 
@@ -94,7 +69,16 @@ class _SavedBytes:
 
 class _StageRun:
     """One stage's side of one step: its micro-batches, its neighbours, the activations it
-    holds for the backward, its clock and its event list."""
+    holds for the backward, its clock and its event list.
+
+    A micro-batch's activation goes forward from stage r to r + 1, its gradient comes back from
+    r + 1 to r. Sends are non-blocking (isend), receives blocking. A blocking send returns only
+    once the peer has taken the message (NCCL; gloo as well), so a stage would sit idle until
+    its neighbour reached the matching receive: with isend it goes on with its next operation,
+    like the simulator's stages, and waits for its sends only at the end of the step. A receive
+    must block: the operation needs its data. Shapes are known in advance (the stage's
+    `boundary` from the micro-batch's shape), so no message about shapes precedes the
+    tensors."""
 
     def __init__(self, name, stage, microbatches, rank, world, loss_fn, group, timer):
         require_process_group(name)
@@ -184,7 +168,22 @@ def gpipe_step(stage_module, microbatches, *, rank, world, loss_fn=None, group=N
     microbatches: [(input, target)] (`split_batch`), the same on every rank (stage 0 reads the
     inputs, the last stage the targets, all their shape). The gradients are accumulated into
     .grad (zero them before, step the optimizer after). timer: a clock in seconds (default
-    time.perf_counter). Returns (loss or None, stats); see the module docstring."""
+    time.perf_counter). Returns (loss or None, stats).
+
+    GPipe (Huang et al. 2019): all m forwards, then all m backwards. A stage holds all m
+    micro-batches' activations at once.
+
+    The last stage divides each micro-batch's loss by m, so with equal micro-batches the
+    gradients summed over them, and the loss returned, are the full batch's mean: parameters
+    after an optimizer step equal a single process's. loss: a detached 0-dim tensor on the last
+    stage, None on the others. In stats: "peak_in_flight", how many micro-batches' activations
+    (autograd graphs) this stage held at once; "peak_activation_bytes", the bytes autograd had
+    saved for backward at the peak (saved-tensor hooks, each storage once, parameters left
+    out); "events", its operations as dicts {stage, kind "F"|"B", microbatch, chunk 0, start,
+    end} in seconds from a start the ranks agree on (a barrier), comparable with
+    `labkit.pipeline.simulate`'s events (`compare_events`, `labkit.pipeline.idle_share`). F
+    and B time the compute only: the wait for a neighbour's message is idle time, as in the
+    simulator; "p2p", the sends and receives (count and bytes)."""
     run = _StageRun("gpipe_step", stage_module, microbatches, rank, world, loss_fn, group, timer)
     for j in range(run.m):          # forwards 0..m-1: each activation kept, and sent to r+1
         run.forward(j)
@@ -195,7 +194,12 @@ def gpipe_step(stage_module, microbatches, *, rank, world, loss_fn=None, group=N
 
 def one_f_one_b_step(stage_module, microbatches, *, rank, world, loss_fn=None, group=None,
                      timer=None):
-    """One 1F1B training step of this rank's stage (arguments and result as gpipe_step)."""
+    """One 1F1B training step of this rank's stage (arguments and result as gpipe_step).
+
+    1F1B (PipeDream-Flush, Narayanan et al. 2021, §2.2): stage r runs p - r - 1 forwards
+    (warm-up), then one forward and one backward in turn (steady state), then the backwards
+    left (cool-down). It holds at most p - r micro-batches. Same bubble as GPipe,
+    (p-1)/(m+p-1)."""
     run = _StageRun("one_f_one_b_step", stage_module, microbatches, rank, world, loss_fn,
                     group, timer)
     m = run.m

@@ -7,11 +7,7 @@ a config, or a list of blocks, and returns one nn.Module per stage:
     stage 1..p-2    its blocks
     stage p-1       its blocks + final norm + LM head; `stage.loss_fn` = causal_lm_loss
 
-Each stage gets layers/stages consecutive blocks, so stages must divide the block count (equal
-stages are what the schedules' bubble formulas assume). The stages share the model's parameters
-(nothing is copied): on rank r keep stages[r] and let the rest go. A stage knows the shape of the
-activation it receives and sends (`boundary`), so the schedules post receives of the right size
-without a message about shapes first.
+The rules of the cut (equal stages, shared parameters, known boundary shapes): `split_model`.
 """
 from __future__ import annotations
 
@@ -135,8 +131,14 @@ def _blocks_of(model):
 
 
 def split_model(model, stages) -> list[nn.Module]:
-    """Cut `model` into `stages` pipeline stages of equal block counts (see the module
-    docstring). Raises ValueError when stages does not divide the number of blocks."""
+    """Cut `model` into `stages` pipeline stages of equal block counts (the module docstring
+    shows what each holds). Raises ValueError when stages does not divide the number of blocks.
+
+    Each stage gets layers/stages consecutive blocks, so stages must divide the block count
+    (equal stages are what the schedules' bubble formulas assume). The stages share the model's
+    parameters (nothing is copied): on rank r keep stages[r] and let the rest go. A stage knows
+    the shape of the activation it receives and sends (`boundary`), so the schedules post
+    receives of the right size without a message about shapes first."""
     kind, blocks = _blocks_of(model)
     if not blocks:
         raise ValueError("model has no blocks to split; allowed: at least one block")

@@ -1,23 +1,11 @@
 """A transformer block split Megatron's way, beside the single-device block it is built from.
 
-Activations are [s, b, h] (sequence, batch, hidden), Megatron's layout. The references:
-- `MLP`: fc1 (h -> ffn), GeLU, fc2 (ffn -> h).
-- `SelfAttention`: causal multi-head attention with one fused `qkv` Linear (h -> 3h) whose output
-  features are grouped *by head* (Megatron's layout): head i's q, k, v are rows
-  [3*d*i, 3*d*(i+1)) of qkv.weight, d = h / heads. A contiguous 1/tp of those rows is then a set
-  of whole heads, so the column split below is a split by heads.
-- `Block`: pre-LayerNorm, x + attn(ln1(x)), then x + mlp(ln2(x)); no dropout (it would run on
-  whatever each rank holds, with a per-rank seed under sequence parallelism).
-The parallel versions (`from_mlp`, `from_attention`, `from_block`) copy this rank's shards:
-- `ParallelMLP`: fc1 column-parallel, GeLU on the slice, fc2 row-parallel: one all-reduce in the
-  forward (g after fc2) and one in the backward (f before fc1).
-- `ParallelAttention`: qkv column-parallel (heads/tp whole heads per rank, attention computed on
-  them alone), the output projection row-parallel: again one all-reduce each way.
-- `ParallelBlock`: the two, with the LayerNorms replicated. sequence_parallel=True: the block's
-  input and output are this rank's sequence shard [s/tp, b, h], the LayerNorms and residual
-  adds run on the shard, and each all-reduce becomes an all-gather (before the column layer)
-  plus a reduce-scatter (after the row layer); call
-  `tensor_linear.sync_sequence_parallel_grads(block)` after backward.
+    block = Block(h, heads)                                         # the reference, [s, b, h]
+    par = ParallelBlock.from_block(block, sequence_parallel=True)   # this rank's shards
+    mlp = ParallelMLP.from_mlp(MLP(h))          # or ParallelAttention.from_attention(attn)
+
+Activations are [s, b, h] (sequence, batch, hidden), Megatron's layout (Shoeybi et al. 2019,
+§3). What each class computes and sends: its docstring.
 """
 from __future__ import annotations
 
@@ -32,6 +20,8 @@ from labkit.parallel.tensor_linear import ColumnParallelLinear, RowParallelLinea
 
 
 class MLP(nn.Module):
+    """The reference MLP: fc1 (h -> ffn), GeLU, fc2 (ffn -> h)."""
+
     def __init__(self, hidden_size: int, ffn_size: int | None = None, bias: bool = True):
         super().__init__()
         ffn_size = 4 * hidden_size if ffn_size is None else ffn_size
@@ -52,6 +42,12 @@ def attend(qkv, heads: int):
 
 
 class SelfAttention(nn.Module):
+    """The reference attention: causal multi-head attention with one fused `qkv` Linear
+    (h -> 3h) whose output features are grouped *by head* (Megatron's layout): head i's q, k, v
+    are rows [3*d*i, 3*d*(i+1)) of qkv.weight, d = h / heads. A contiguous 1/tp of those rows
+    is then a set of whole heads, so the column split of `ParallelAttention` is a split by
+    heads."""
+
     def __init__(self, hidden_size: int, num_heads: int, bias: bool = True):
         super().__init__()
         validate.divides("num_heads", num_heads, "hidden_size", hidden_size)
@@ -64,6 +60,10 @@ class SelfAttention(nn.Module):
 
 
 class Block(nn.Module):
+    """The reference block: pre-LayerNorm, x + attn(ln1(x)), then x + mlp(ln2(x)); no dropout
+    (it would run on whatever each rank holds, with a per-rank seed under sequence
+    parallelism)."""
+
     def __init__(self, hidden_size: int, num_heads: int, ffn_size: int | None = None):
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(hidden_size), nn.LayerNorm(hidden_size)
@@ -85,7 +85,9 @@ def _check(cls: str, what: str, module, kind, parts=()):
 
 
 class ParallelMLP(nn.Module):
-    """fc1 column-parallel (ffn/tp features per rank), GeLU, fc2 row-parallel."""
+    """fc1 column-parallel (ffn/tp features per rank), GeLU, fc2 row-parallel: one all-reduce
+    in the forward (g after fc2) and one in the backward (f before fc1). `from_mlp` copies this
+    rank's shards."""
 
     def __init__(self, fc1: ColumnParallelLinear, fc2: RowParallelLinear):
         super().__init__()
@@ -104,7 +106,9 @@ class ParallelMLP(nn.Module):
 
 
 class ParallelAttention(nn.Module):
-    """qkv column-parallel by heads (num_heads/tp per rank), proj row-parallel."""
+    """qkv column-parallel by heads (num_heads/tp whole heads per rank, attention computed on
+    them alone), proj row-parallel: again one all-reduce each way. `from_attention` copies this
+    rank's shards."""
 
     def __init__(self, qkv: ColumnParallelLinear, proj: RowParallelLinear, num_heads: int):
         super().__init__()
@@ -127,6 +131,12 @@ class ParallelAttention(nn.Module):
 
 
 class ParallelBlock(nn.Module):
+    """ParallelAttention and ParallelMLP, with the LayerNorms replicated (`from_block`).
+    sequence_parallel=True: the block's input and output are this rank's sequence shard
+    [s/tp, b, h], the LayerNorms and residual adds run on the shard, and each all-reduce becomes
+    an all-gather (before the column layer) plus a reduce-scatter (after the row layer); call
+    `tensor_linear.sync_sequence_parallel_grads(block)` after backward."""
+
     def __init__(self, ln1, attn: ParallelAttention, ln2, mlp: ParallelMLP,
                  sequence_parallel=False):
         super().__init__()

@@ -1,26 +1,12 @@
 """Tensor parallelism's collectives as autograd Functions (Megatron-LM, Shoeybi et al. 2019, §3).
 
+    x = f.apply(x, group)          # before a column-parallel layer: all-reduce in the backward
+    y = g.apply(y, group)          # after a row-parallel layer: all-reduce in the forward
+
 A collective inside a model must say what happens to the gradient on the way back, so each one
-is a `torch.autograd.Function` with a forward and its conjugate backward:
-
-| Function             | forward                              | backward                          |
-|----------------------|--------------------------------------|-----------------------------------|
-| `f`                  | identity                             | all-reduce (sum)                  |
-| `g`                  | all-reduce (sum)                     | identity                          |
-| `gather`             | all-gather along the last dim        | keep this rank's slice            |
-| `scatter`            | keep this rank's slice (last dim)    | all-gather along the last dim     |
-| `sp_gather`          | all-gather along the sequence dim    | reduce-scatter (sequence dim)     |
-| `sp_reduce_scatter`  | reduce-scatter along the sequence dim | all-gather (sequence dim)        |
-| `sp_split`           | keep this rank's sequence slice      | all-gather (sequence dim)         |
-
-Layout: activations are [s, b, h] (sequence, batch, hidden), Megatron's, so the sequence dim is
-dim 0 and a sequence shard is a contiguous block of whole rows: rank r of tp holds positions
-[r*s/tp, (r+1)*s/tp). Every Function takes `group` (None: the default group, all ranks) and
-works on any tp, tp = 1 included (then each is the identity).
-
-Written with the raw `torch.distributed` ops (no autograd of their own), so the Function is the
-whole story of the gradient. `dist.all_gather` used *without* such a Function is the classic
-bug: its outputs are not in the autograd graph (tensor.NoAutogradColumnParallelLinear shows it).
+is a `torch.autograd.Function` with a forward and its conjugate backward: the table of all
+seven is above `f`, the sequence layout above `sp_gather`. Every Function takes `group` (None:
+the default group) and works on any tp, tp = 1 included (then each is the identity).
 """
 from __future__ import annotations
 
@@ -44,6 +30,10 @@ def _check_divides(x, dim: int, group, what: str) -> int:
     return tp
 
 
+# Written with the raw `torch.distributed` ops (no autograd of their own), so each Function
+# below is the whole story of the gradient. `dist.all_gather` used *without* such a Function is
+# the classic bug: its outputs are not in the autograd graph
+# (tensor.NoAutogradColumnParallelLinear shows it).
 def _all_reduce(x, group):
     out = x.clone()          # a copy: x may be saved by autograd for another op's backward
     if tp_size(group) > 1:   # one rank: the sum is the tensor itself, nothing to send
@@ -92,6 +82,18 @@ def _split(x, dim: int, group, what: str):
 
 
 # ---------------------------------------------------------------------------------------------
+# The Functions of this module, each forward with its conjugate backward:
+#
+# | Function            | forward                             | backward                      |
+# |---------------------|-------------------------------------|-------------------------------|
+# | `f`                 | identity                            | all-reduce (sum)              |
+# | `g`                 | all-reduce (sum)                    | identity                      |
+# | `gather`            | all-gather along the last dim       | keep this rank's slice        |
+# | `scatter`           | keep this rank's slice (last dim)   | all-gather along the last dim |
+# | `sp_gather`         | all-gather along the sequence dim   | reduce-scatter (sequence dim) |
+# | `sp_reduce_scatter` | reduce-scatter along the sequence   | all-gather (sequence dim)     |
+# | `sp_split`          | keep this rank's sequence slice     | all-gather (sequence dim)     |
+#
 # Megatron's conjugate pair
 
 
@@ -171,6 +173,8 @@ class scatter(torch.autograd.Function):
 
 # ---------------------------------------------------------------------------------------------
 # sequence parallelism (Korthikanti et al. 2022): along the sequence dim 0 of [s, b, h]
+# (sequence, batch, hidden), Megatron's layout, so a sequence shard is a contiguous block of
+# whole rows: rank r of tp holds positions [r*s/tp, (r+1)*s/tp).
 
 
 class sp_gather(torch.autograd.Function):

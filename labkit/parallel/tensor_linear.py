@@ -1,24 +1,12 @@
 """Megatron's column- and row-parallel linear layers (Shoeybi et al. 2019, §3), and the broken one.
 
-Y = X A with A [in, out] (nn.Linear stores A^T, `weight` [out, in]). Over tp ranks:
-- column-parallel: A = [A_1 ... A_tp] split by output features; rank r holds rows
-  [r*out/tp, (r+1)*out/tp) of `weight` and computes Y_r = X A_r, its slice of Y. X must be whole
-  on every rank (f: identity forward, all-reduce backward).
-- row-parallel: A split by input features; rank r holds columns [r*in/tp, (r+1)*in/tp) of
-  `weight`, takes X_r (its slice of X, which is exactly what a column layer left it) and computes
-  X_r A_r, one term of Y = sum_r X_r A_r (g: all-reduce forward, identity backward).
-Column then row needs no communication in between: the MLP's GeLU is element-wise and acts on
-each rank's slice alone. Biases: the column bias is split with its outputs; the row bias is whole
-on every rank and added once, after the reduction (adding it before would add it tp times).
+    fc1 = ColumnParallelLinear.from_linear(nn.Linear(h, 4 * h))     # Y_r = f(X) A_r
+    fc2 = RowParallelLinear.from_linear(nn.Linear(4 * h, h))        # Y = g(X_r A_r) + b
+    y = fc2(F.gelu(fc1(x)))      # every rank passes the same full weights (same seed, or loaded)
 
-Sequence parallel (Korthikanti et al. 2022): the activations outside the column..row pair are
-sharded along the sequence (dim 0 of [s, b, h]); the column layer all-gathers the sequence
-(`sp_gather`) instead of f, the row layer reduce-scatters it (`sp_reduce_scatter`) instead of g.
-A parameter that then sees only this rank's sequence shard (the row bias, the LayerNorms) gets a
-partial gradient: it is marked `param.sequence_parallel = True` and
-`sync_sequence_parallel_grads` all-reduces those gradients once per step, as Megatron does.
-
-Every rank must pass the same full weights (built under the same seed, as here, or loaded).
+Y = X A with A [in, out] (nn.Linear stores A^T, `weight` [out, in]); how each splits A and where
+the bias goes: above `_ParallelLinear`. Sequence parallel (Korthikanti et al. 2022):
+`sync_sequence_parallel_grads`. The pitfall: `NoAutogradColumnParallelLinear`.
 """
 from __future__ import annotations
 
@@ -55,6 +43,17 @@ def _shard(t, dim: int, tp: int, rank: int) -> nn.Parameter:
     return nn.Parameter(t.detach().chunk(tp, dim=dim)[rank].clone())
 
 
+# Y = X A with A [in, out] (nn.Linear stores A^T, `weight` [out, in]). Over tp ranks:
+# - column-parallel: A = [A_1 ... A_tp] split by output features; rank r holds rows
+#   [r*out/tp, (r+1)*out/tp) of `weight` and computes Y_r = X A_r, its slice of Y. X must be
+#   whole on every rank (f: identity forward, all-reduce backward).
+# - row-parallel: A split by input features; rank r holds columns [r*in/tp, (r+1)*in/tp) of
+#   `weight`, takes X_r (its slice of X, which is exactly what a column layer left it) and
+#   computes X_r A_r, one term of Y = sum_r X_r A_r (g: all-reduce forward, identity backward).
+# Column then row needs no communication in between: the MLP's GeLU is element-wise and acts on
+# each rank's slice alone. Biases: the column bias is split with its outputs; the row bias is
+# whole on every rank and added once, after the reduction (adding it before would add it tp
+# times).
 class _ParallelLinear(nn.Module):
     split_dim = 0                    # 0: output features (column), 1: input features (row)
     split_name = "out_features"
@@ -188,7 +187,14 @@ class NoAutogradColumnParallelLinear(ColumnParallelLinear):
 def sync_sequence_parallel_grads(module: nn.Module, group=None) -> int:
     """All-reduce (sum) the gradients of `module`'s parameters marked `sequence_parallel` (the
     LayerNorms and row biases that saw only this rank's sequence shard): one all-reduce of them
-    all, flattened, per step, after backward. Returns how many parameters it reduced."""
+    all, flattened, per step, after backward. Returns how many parameters it reduced.
+
+    Sequence parallel (Korthikanti et al. 2022): the activations outside the column..row pair
+    are sharded along the sequence (dim 0 of [s, b, h]); the column layer all-gathers the
+    sequence (`sp_gather`) instead of f, the row layer reduce-scatters it (`sp_reduce_scatter`)
+    instead of g. A parameter that then sees only this rank's sequence shard (the row bias, the
+    LayerNorms) gets a partial gradient: it is marked `param.sequence_parallel = True` and this
+    all-reduces those gradients once per step, as Megatron does."""
     if not isinstance(module, nn.Module):
         raise ValueError(f"module={validate.describe(module)} is not a torch.nn.Module")
     params = [p for p in module.parameters()

@@ -1,18 +1,11 @@
 """The vocabulary split over tp ranks: Megatron's embedding and cross-entropy (Shoeybi et al. §3).
 
+    emb = VocabParallelEmbedding(full_table, group=tp_group)    # ids [s, b] -> [s, b, h]
+    loss = vocab_parallel_cross_entropy(logits_shard, target).mean()   # logits [s, b, V/tp]
+
 Rank r owns tokens [r*V/tp, (r+1)*V/tp): rows of the embedding table, and of the output layer
 (a column-parallel Linear h -> V, whose logits stay split: gathering b*s*V logits would be the
-largest tensor of the step).
-- `VocabParallelEmbedding`: each rank looks up the tokens it owns, writes zeros for the others,
-  and an all-reduce (g) sums the ranks' rows: exactly one rank contributed each token's row.
-  With sequence_parallel=True a reduce-scatter along the sequence instead, leaving this rank's
-  shard [s/tp, b, h] for the first block.
-- `vocab_parallel_cross_entropy(logits_shard, target)`: the loss per token from logits split
-  along the vocabulary, never gathered. log-sum-exp over all V needs the global max (one
-  all-reduce MAX of b*s numbers), the target's logit (all-reduce SUM: only its owner has it) and
-  the sum of exponentials (all-reduce SUM): 3 small all-reduces forward, none backward, where
-  each rank's gradient softmax - onehot is already its own slice.
-Ids are [s, b] and logits [s, b, V/tp] (any leading shape works for the loss).
+largest tensor of the step). What each sends: its docstring.
 """
 from __future__ import annotations
 
@@ -28,7 +21,12 @@ from labkit.parallel.tensor_linear import check_flag
 
 
 class VocabParallelEmbedding(nn.Module):
-    """weight: rows [r*V/tp, (r+1)*V/tp) of the full [V, h] table."""
+    """weight: rows [r*V/tp, (r+1)*V/tp) of the full [V, h] table.
+
+    Each rank looks up the tokens it owns, writes zeros for the others, and an all-reduce (g)
+    sums the ranks' rows: exactly one rank contributed each token's row. With
+    sequence_parallel=True a reduce-scatter along the sequence instead, leaving this rank's
+    shard [s/tp, b, h] for the first block. Ids are [s, b]."""
 
     def __init__(self, weight, *, group=None, sequence_parallel=False):
         super().__init__()
@@ -100,7 +98,13 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 
 def vocab_parallel_cross_entropy(logits_shard, target, group=None):
     """Cross-entropy per token (no reduction: `.mean()` it) from this rank's vocabulary slice of
-    the logits [..., V/tp], with target [...] holding token ids in [0, V)."""
+    the logits [..., V/tp], with target [...] holding token ids in [0, V).
+
+    The logits are never gathered. log-sum-exp over all V needs the global max (one all-reduce
+    MAX of b*s numbers), the target's logit (all-reduce SUM: only its owner has it) and the sum
+    of exponentials (all-reduce SUM): 3 small all-reduces forward, none backward, where each
+    rank's gradient softmax - onehot is already its own slice. Logits [s, b, V/tp] (any
+    leading shape works)."""
     require_process_group("vocab_parallel_cross_entropy")
     if not (isinstance(logits_shard, torch.Tensor) and logits_shard.is_floating_point() and
             logits_shard.dim() >= 1):

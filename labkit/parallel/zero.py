@@ -1,53 +1,16 @@
-"""ZeRO by hand: each rank keeps 1/N of the model states instead of all of them.
-
-DDP replicates everything: with AdamW in fp32 every rank holds 4 B of weights, 4 B of gradients
-and 8 B of moments per parameter. ZeRO (Rajbhandari et al. 2020) partitions them over the N
-data-parallel ranks, one more kind per stage:
+"""ZeRO by hand (Rajbhandari et al. 2020): each rank keeps 1/N of the model states, not all.
 
     opt = ShardedOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-3)       # ZeRO-1
     ddp_model(x).loss.backward(); ddp.finish_gradient_synchronization(); opt.step()
-
     opt = ShardedGradientOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-3)  # ZeRO-2
     model(x).loss.backward(); opt.step()            # no DDP: backward reduce-scatters
+    model = FullyShardedModel(module)                # ZeRO-3, from labkit.parallel.zero3
 
-    model = FullyShardedModel(module)                # ZeRO-3 (labkit.parallel.zero3)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    loss.backward(); model.finish_gradient_synchronization(); opt.step()
-
-| stage | each rank holds (fp32 AdamW, P params) | collectives per step (payload)           |
-|-------|----------------------------------------|------------------------------------------|
-| DDP   | 4P + 4P + 8P                           | all_reduce 4P                            |
-| 1     | 4P + 4P + 8P/N                         | reduce_scatter 4P + all_gather 4P        |
-| 2     | 4P + 4P/N + 8P/N                       | reduce_scatter 4P (per backward) + all_gather 4P |
-| 3     | 4P/N + 4P/N + 8P/N                     | all_gather 4P (fwd) + 4P (bwd) + reduce_scatter 4P |
-
-A reduce-scatter and an all-gather put on the wire what one ring all-reduce does (an all-reduce
-*is* the two), so stages 1 and 2 cost DDP's bytes; stage 3 gathers the weights twice, 1.5x.
-
-Layout (what DeepSpeed's ZeRO-1/2 and FSDP's flat parameters do): the trainable parameters
-(the same dtype and device) are laid end to end in one flat buffer of P elements, padded with
-zeros to P_pad = N * ceil(P / N) so that it splits into N equal shards (a reduce-scatter and an
-all-gather need equal chunks). Rank r owns elements [r*S, (r+1)*S), S = P_pad / N, whichever
-tensors they belong to; the model's parameters become views of that buffer, and the local
-optimizer steps one Parameter that is a view of rank r's shard (no copy).
-
-Padding, exactly, per rank (P_pad - P < N elements): the replicated weights are the flat buffer,
-4 * P_pad bytes (fp32) instead of 4 * P; every sharded state has S = P_pad / N elements instead
-of P / N: AdamW's two moments 8 * S bytes, ZeRO-2's gradient shard 4 * S. ZeRO-1's full
-gradients are the parameters' own (.grad, allocated by autograd): 4 * P, no padding. So
-measured = estimate_memory(P_pad, ...) term by term, except ZeRO-1's gradients
-= estimate_memory(P, ...).grads. Example: P = 1,385 on N = 4 -> P_pad = 1,388, S = 347: 12 more
-bytes of weights and 8 * 347 = 2,776 bytes of moments instead of 2,770. torch's
-ZeroRedundancyOptimizer gives whole tensors to ranks instead (`partition_parameters`): no
-padding, but unequal shares.
-
-Rules: parameters are deduplicated by identity (a tied weight is one); frozen ones
-(requires_grad=False) are left alone. Construction broadcasts rank 0's values of the trainable
-parameters (one broadcast), so every replica starts equal. `step(closure)` is not supported.
+The flat, padded layout (DeepSpeed's ZeRO-1/2, FSDP's flat parameters) and the rules:
+`ShardedOptimizer`. What each stage holds and sends: docs/labkit.md.
 """
 from __future__ import annotations
 
-import math
 import numbers
 import weakref
 from functools import partial
@@ -56,8 +19,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from labkit.parallel import require_process_group
-from labkit.validate import MAX_PARAMS, MAX_RANKS, describe, positive_int
+# padded_size and require_process_group live in the package, which zero3 (imported below for
+# its re-export) also uses: zero3 never imports this module.
+from labkit.parallel import padded_size, require_process_group
+from labkit.parallel.zero3 import FullyShardedModel
+from labkit.validate import MAX_RANKS, describe, positive_int
 
 # ---------------------------------------------------------------------------------------------
 # partitions (pure functions: the lesson and the exercises use them)
@@ -84,14 +50,6 @@ def partition_parameters(sizes, world_size) -> list[list[int]]:
     return [sorted(o) for o in owned]
 
 
-def padded_size(numel, world_size) -> int:
-    """Elements of a flat buffer of `numel` padded to split into `world_size` equal shards:
-    world_size * ceil(numel / world_size). The padding is fewer than world_size elements."""
-    n = positive_int("world_size", world_size, MAX_RANKS)
-    p = positive_int("numel", numel, MAX_PARAMS)
-    return n * math.ceil(p / n)
-
-
 def check_optimizer_class(name: str, optimizer_class) -> None:
     if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, torch.optim.Optimizer)):
         raise ValueError(f"optimizer_class={describe(optimizer_class)} is not an optimizer class; "
@@ -113,7 +71,30 @@ class ShardedOptimizer:
     and the step sends exactly what `labkit.comm.step_communication("zero1")` counts.
 
     .optim is the local optimizer (of `optimizer_class(**defaults)`); .shard its one Parameter;
-    .padding the zero elements appended to the flat buffer (module docstring).
+    .padding the zero elements appended to the flat buffer (below).
+
+    Layout (what DeepSpeed's ZeRO-1/2 and FSDP's flat parameters do): the trainable parameters
+    (the same dtype and device) are laid end to end in one flat buffer of P elements, padded
+    with zeros to P_pad = N * ceil(P / N) so that it splits into N equal shards (a
+    reduce-scatter and an all-gather need equal chunks). Rank r owns elements [r*S, (r+1)*S),
+    S = P_pad / N, whichever tensors they belong to; the model's parameters become views of
+    that buffer, and the local optimizer steps one Parameter that is a view of rank r's shard
+    (no copy).
+
+    Padding, exactly, per rank (P_pad - P < N elements): the replicated weights are the flat
+    buffer, 4 * P_pad bytes (fp32) instead of 4 * P; every sharded state has S = P_pad / N
+    elements instead of P / N: AdamW's two moments 8 * S bytes, ZeRO-2's gradient shard 4 * S.
+    ZeRO-1's full gradients are the parameters' own (.grad, allocated by autograd): 4 * P, no
+    padding. So measured = estimate_memory(P_pad, ...) term by term, except ZeRO-1's gradients
+    = estimate_memory(P, ...).grads. Example: P = 1,385 on N = 4 -> P_pad = 1,388, S = 347: 12
+    more bytes of weights and 8 * 347 = 2,776 bytes of moments instead of 2,770. torch's
+    ZeroRedundancyOptimizer gives whole tensors to ranks instead (`partition_parameters`): no
+    padding, but unequal shares.
+
+    Rules: parameters are deduplicated by identity (a tied weight is one); frozen ones
+    (requires_grad=False) are left alone. Construction broadcasts rank 0's values of the
+    trainable parameters (one broadcast), so every replica starts equal. `step(closure)` is not
+    supported.
     """
 
     def __init__(self, params, optimizer_class, *, reduce_gradients: bool = False, **defaults):
@@ -294,10 +275,3 @@ def _trainable(name: str, params) -> list:
         raise ValueError(f"params mix dtypes or devices ({listed}); allowed: one dtype on one "
                          f"device (the flat buffer {name} shards is one tensor)")
     return unique
-
-
-def __getattr__(name):          # FullyShardedModel lives in zero3.py, next to its hooks
-    if name == "FullyShardedModel":
-        from labkit.parallel.zero3 import FullyShardedModel
-        return FullyShardedModel
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,33 +6,8 @@
     model.finish_gradient_synchronization(); opt.step(); opt.zero_grad()
     full = model.gather_full_params()                       # {name: full tensor}, for checks
 
-Each parameter of a module whose type is in `shard` becomes a 1-D shard Parameter of
-S = ceil(numel / N) elements, registered under the same name (so `model.module.named_parameters()`
-and the optimizer see the shards): rank r keeps elements [r*S, (r+1)*S) of the flattened tensor,
-padded with zeros to N*S (fewer than N padding elements per tensor; `padded_size`), so a
-rank holds sum(S) elements of weights, gradients and each AdamW moment: per-rank bytes are
-estimate_memory(sum(padded_size(n, N)), zero_stage=3, dp=N) plus, for the replicated
-parameters, estimate_memory(R, zero_stage=0). Per step,
-for each such module:
-- forward pre-hook: all-gather each parameter (cast to `compute_dtype` first, so the gather and
-  the compute run in it) into a buffer, put the full tensor in place of the shard;
-- forward post-hook: put the shards back and free the buffers (their storage is resized to 0:
-  what autograd saved for backward, e.g. a Linear's weight, keeps a handle but no bytes);
-- before the module's backward (a hook on its output's gradient): re-allocate and all-gather
-  again, into the same storage;
-- the gather's backward: the full gradient (cast to fp32) is reduce-scattered (sum / N) into
-  the shard's gradient, and the buffer freed.
-Parameters of other modules (norms, ...) are replicated: finish_gradient_synchronization()
-all-reduces their gradients (sum / N; zeros where a rank has none), as NaiveDDP does. Master
-shards, their gradients and the optimizer stay in the parameters' dtype (fp32); with
-compute_dtype, replicated parameters and the floating inputs of hooked modules are cast too.
-
-Per step and rank, for P sharded elements after padding (4 B each in fp32): all_gather 4P in the
-forward and 4P in the backward (in compute_dtype's bytes), reduce_scatter 4P: 1.5x DDP. A
-parameter shared by two sharded modules (tied embedding and head) is gathered and
-reduce-scattered by each (FSDP asks that tied weights share one unit for this reason). Construction
-broadcasts rank 0's parameters and buffers, so every rank starts equal. Every sharded module
-must run in every forward on every rank (collectives pair up in order).
+Rajbhandari et al. 2020 (stage 3); what each rank holds, the hooks of a step and what they
+send: `FullyShardedModel`. `labkit.parallel.fsdp` is the FSDP2 version the course moves to.
 """
 from __future__ import annotations
 
@@ -42,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from labkit.parallel.zero import padded_size, require_process_group
+from labkit.parallel import padded_size, require_process_group
 from labkit.validate import describe
 
 
@@ -64,7 +39,36 @@ class _Gather(torch.autograd.Function):
 
 
 class FullyShardedModel(nn.Module):
-    """ZeRO-3 (module docstring): `.module` holds shards in place of the sharded parameters."""
+    """ZeRO-3: `.module` holds shards in place of the sharded parameters.
+
+    Each parameter of a module whose type is in `shard` becomes a 1-D shard Parameter of
+    S = ceil(numel / N) elements, registered under the same name (so
+    `model.module.named_parameters()` and the optimizer see the shards): rank r keeps elements
+    [r*S, (r+1)*S) of the flattened tensor, padded with zeros to N*S (fewer than N padding
+    elements per tensor; `padded_size`), so a rank holds sum(S) elements of weights, gradients
+    and each AdamW moment: per-rank bytes are estimate_memory(sum(padded_size(n, N)),
+    zero_stage=3, dp=N) plus, for the replicated parameters, estimate_memory(R, zero_stage=0).
+    Per step, for each such module:
+    - forward pre-hook: all-gather each parameter (cast to `compute_dtype` first, so the gather
+      and the compute run in it) into a buffer, put the full tensor in place of the shard;
+    - forward post-hook: put the shards back and free the buffers (their storage is resized to
+      0: what autograd saved for backward, e.g. a Linear's weight, keeps a handle but no bytes);
+    - before the module's backward (a hook on its output's gradient): re-allocate and all-gather
+      again, into the same storage;
+    - the gather's backward: the full gradient (cast to fp32) is reduce-scattered (sum / N) into
+      the shard's gradient, and the buffer freed.
+    Parameters of other modules (norms, ...) are replicated: finish_gradient_synchronization()
+    all-reduces their gradients (sum / N; zeros where a rank has none), as NaiveDDP does.
+    Master shards, their gradients and the optimizer stay in the parameters' dtype (fp32); with
+    compute_dtype, replicated parameters and the floating inputs of hooked modules are cast too.
+
+    Per step and rank, for P sharded elements after padding (4 B each in fp32): all_gather 4P
+    in the forward and 4P in the backward (in compute_dtype's bytes), reduce_scatter 4P: 1.5x
+    DDP. A parameter shared by two sharded modules (tied embedding and head) is gathered and
+    reduce-scattered by each (FSDP asks that tied weights share one unit for this reason).
+    Construction broadcasts rank 0's parameters and buffers, so every rank starts equal. Every
+    sharded module must run in every forward on every rank (collectives pair up in order).
+    """
 
     def __init__(self, module, compute_dtype=None, shard=(nn.Linear, nn.Embedding)):
         name = type(self).__name__

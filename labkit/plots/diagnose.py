@@ -5,15 +5,8 @@ bytes); no torch.
     from labkit.plots import diagnose, png_bytes
     fig = diagnose.evidence_figure(case.evidence)          # case.figure() gives its PNG bytes
 
-Evidence keys drawn (each optional; a panel per key present):
-- "step_times": {label: [seconds per step]} (a label per rank, or per configuration), with
-  "fault_from" (the first step index with the fault, a dashed line) when it applies;
-- "timeline": [{"rank", "kind", "start", "end"[, "lane"]}, ...]: one lane per "lane" (default
-  "rank R"), one bar per event, coloured by kind, in milliseconds;
-- "pipeline": {label: [{"stage", "kind", "microbatch", "chunk", "start", "end"}, ...]}: one
-  Gantt panel per run (labkit.plots.pp.draw) on one time scale;
-- "memory": {"budget": bytes, "by_batch": {micro-batch: {category: bytes}}, "failed": micro-batch
-  or None}: stacked bars per micro-batch against the budget line.
+Evidence keys drawn, a panel each when present: "step_times", "timeline", "pipeline", "memory"
+(their shapes: `evidence_figure`).
 """
 from __future__ import annotations
 
@@ -129,8 +122,17 @@ def draw_memory(ax, memory: dict) -> None:
 
 
 def evidence_figure(evidence: dict):
-    """A Figure with a panel for each drawable key of `evidence` (module docstring), or None
-    when it has none."""
+    """A Figure with a panel for each drawable key of `evidence`, or None when it has none.
+
+    Keys drawn (each optional; a panel per key present):
+    - "step_times": {label: [seconds per step]} (a label per rank, or per configuration), with
+      "fault_from" (the first step index with the fault, a dashed line) when it applies;
+    - "timeline": [{"rank", "kind", "start", "end"[, "lane"]}, ...]: one lane per "lane"
+      (default "rank R"), one bar per event, coloured by kind, in milliseconds;
+    - "pipeline": {label: [{"stage", "kind", "microbatch", "chunk", "start", "end"}, ...]}: one
+      Gantt panel per run (labkit.plots.pp.draw) on one time scale;
+    - "memory": {"budget": bytes, "by_batch": {micro-batch: {category: bytes}}, "failed":
+      micro-batch or None}: stacked bars per micro-batch against the budget line."""
     if not isinstance(evidence, dict):
         raise ValueError(f"evidence must be a dict; got {type(evidence).__name__}")
     panels = [k for k in ("step_times", "memory", "timeline") if k in evidence]

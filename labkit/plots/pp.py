@@ -6,11 +6,8 @@ measured step drawn beside its simulation on the same time scale.
     fig = pp.gantt(simulate("1f1b", 4, 8))                    # one panel
     fig = pp.beside(measured_events, simulate("1f1b", 4, 8))  # two panels, same scale
 
-Events are `labkit.pipeline.Event`s, a PipelineResult, or the dicts a lab reports
-({stage, kind, microbatch, chunk, start, end}; labkit.labs.pp, labkit.parallel.pipe). Each bar
-is one operation: F forward, B backward (the input gradient for zero-bubble), W weight gradient,
-labelled with its micro-batch; a later model chunk (interleaved) is drawn hatched. The idle
-share of the step (labkit.pipeline.idle_share) is in each panel's title. Stage 0 is the top row.
+Events: `labkit.pipeline.Event`s, a PipelineResult, or the dicts a lab reports ({stage, kind,
+microbatch, chunk, start, end}); how each is drawn: `draw`.
 """
 from __future__ import annotations
 
@@ -39,7 +36,12 @@ def _rows(events, name: str) -> list:
 
 
 def draw(ax, rows: list, title: str, stages: int | None = None, span: float | None = None):
-    """One step's operations as bars on `ax`, one row per stage; `span` fixes the x range."""
+    """One step's operations as bars on `ax`, one row per stage; `span` fixes the x range.
+
+    Each bar is one operation: F forward, B backward (the input gradient for zero-bubble), W
+    weight gradient, labelled with its micro-batch; a later model chunk (interleaved) is drawn
+    hatched. Stage 0 is the top row; the idle share of the step (labkit.pipeline.idle_share) is
+    in the title."""
     n = stages or 1 + max(e.stage for e in rows)
     t0 = min(e.start for e in rows)
     width = span or max(e.end for e in rows) - t0

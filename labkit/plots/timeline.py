@@ -1,17 +1,12 @@
 """The DDP step as a timeline (module 03): backward compute beside the all-reduces, one pair of
-lanes per implementation, from the events `labkit.labs.ddp --part compare` reports.
+lanes per implementation, from the events `labkit.labs.ddp --part compare` reports (their
+shape: the comment above `KEYS`).
 
-One implementation's events (seconds from the start of the step, on one rank):
+    fig = timeline_figure({"naive": events, "bucketed": events2})   # top to bottom
+    summarize(events)        # compute_end, comm_busy, comm_hidden, exposed, overlap (seconds)
 
-    {"forward_end": t,                          # the loss is computed
-     "grads": [[name, t], ...],                 # when each parameter's gradient was ready
-     "allreduce": [[start, end, bytes], ...],   # each all-reduce: issued, completed
-     "sync_end": t,                             # every gradient averaged (after the last wait)
-     "step_end": t}                             # the optimizer step done
-
-`summarize` turns them into the figures the lesson quotes (how much of the communication the
-backward hid, how much was left exposed after it); `timeline_figure` draws them. Pure Python
-over the reported numbers: no torch.
+`summarize` gives the figures the lesson quotes (how much of the communication the backward hid,
+how much was left exposed after it). Pure Python over the reported numbers: no torch.
 """
 from __future__ import annotations
 
@@ -21,6 +16,12 @@ COMPUTE = "#0072B2"      # forward and backward compute
 COMM = "#D55E00"         # all-reduce in flight
 READY = "#000000"        # a gradient became ready
 
+# One implementation's events (seconds from the start of the step, on one rank):
+#     {"forward_end": t,                          # the loss is computed
+#      "grads": [[name, t], ...],                 # when each parameter's gradient was ready
+#      "allreduce": [[start, end, bytes], ...],   # each all-reduce: issued, completed
+#      "sync_end": t,                             # every gradient averaged (after the last wait)
+#      "step_end": t}                             # the optimizer step done
 KEYS = ("forward_end", "grads", "allreduce", "sync_end", "step_end")
 
 

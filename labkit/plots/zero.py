@@ -1,15 +1,12 @@
 """Pictures for module 04 (ZeRO): who holds what on each rank under DDP and the three stages, the
 ZeRO paper's Figure 1 recomputed from `labkit.memory`, and the ZeRO lab's per-rank bytes and
-bytes per step, measured beside predicted.
+bytes per step, measured beside predicted. No torch here (layer 2).
 
     >>> fig = holdings_figure(dp=4)                       # DDP, ZeRO-1, -2, -3 on 4 ranks
     >>> rows = figure1_rows()                             # Psi = 7.5B, N_d = 64, K = 12
     >>> [round(r["total"] / 1e9, 1) for r in rows]        # [120.0, 31.4, 16.6, 1.9]
     >>> fig = figure1()
     >>> fig = measured_bars(result.results[0]["stages"])  # labkit.labs.zero's report
-
-Every byte drawn comes from `labkit.memory.estimate_memory` or from the report passed in.
-No torch here (layer 2).
 """
 from __future__ import annotations
 
@@ -22,6 +19,7 @@ TERMS = (("params", "weights", "#4c72b0"), ("grads", "gradients", "#55a868"),
 STAGE_NAMES = ("baseline", "P_os", "P_os+g", "P_os+g+p")     # the paper's row names
 
 
+# Every byte drawn comes from `labkit.memory.estimate_memory` (here) or from the report passed in.
 def _estimate(psi, stage, dp, precision, optimizer):
     from labkit.memory import estimate_memory
 

@@ -1,24 +1,12 @@
 """The question bank: load and validate the YAML questions, draw an attempt, check an answer.
 
-A question is data (labkit/quiz/data/*.yaml, schema in docs and issue 20): a statement with
-placeholders, parameters drawn per attempt from lists, and the name of a labkit function that
-computes the answer (numeric) or verifies the correct option (choice). Nothing here knows an
-answer: every expected value comes from calling that function at draw time, so the bank cannot
-drift from the cost models.
-
     bank = load_bank(); q = get("zero-states-per-gpu"); a = q.draw(seed=7)
     a.statement; a.check("12.5 GB").correct; score([(a, v), ...]).percent
 
-A question (YAML, one list per file; checked by labkit.quiz.schema at load):
-    id (kebab-case, unique), topic (TOPICS), difficulty (1-3), kind (numeric | choice),
-    statement (may use {params} only), params ({name: [values]}, one drawn per attempt),
-    explanation (may also use what the function returns), seed_claim ({source:
-    seeds/<file>, wrong, why}: a seed article's wrong figure), tags;
-    numeric: answer ("labkit.quiz.<module>:<function>", called with the params, returning a
-    number or {"answer": number, **intermediates} in `unit`), unit, tolerance (relative, <= 5 %),
-    abs_tolerance;
-    choice: options ([{text, why, correct: true on exactly one}]), verify (a function returning
-    {"holds": True iff the correct option's claim holds, **values for the texts}).
+A question is data (labkit/quiz/data/*.yaml; the fields: `Question`) naming the labkit function
+that computes its answer (numeric) or verifies the correct option (choice). Nothing here knows
+an answer: every expected value comes from calling that function at draw time, so the bank
+cannot drift from the cost models.
 """
 from __future__ import annotations
 
@@ -74,7 +62,22 @@ class Verdict:
 
 @dataclass
 class Question:
-    """One validated question of the bank (the YAML schema is in the module docstring)."""
+    """One validated question of the bank.
+
+    A question is data (labkit/quiz/data/*.yaml, schema in docs and issue 20): a statement with
+    placeholders, parameters drawn per attempt from lists, and the name of a labkit function
+    that computes the answer (numeric) or verifies the correct option (choice). In YAML, one
+    list per file, checked by labkit.quiz.schema at load:
+        id (kebab-case, unique), topic (TOPICS), difficulty (1-3), kind (numeric | choice),
+        statement (may use {params} only), params ({name: [values]}, one drawn per attempt),
+        explanation (may also use what the function returns), seed_claim ({source:
+        seeds/<file>, wrong, why}: a seed article's wrong figure), tags;
+        numeric: answer ("labkit.quiz.<module>:<function>", called with the params, returning a
+        number or {"answer": number, **intermediates} in `unit`), unit, tolerance (relative,
+        <= 5 %), abs_tolerance;
+        choice: options ([{text, why, correct: true on exactly one}]), verify (a function
+        returning {"holds": True iff the correct option's claim holds, **values for the texts}).
+    """
     id: str
     topic: str
     difficulty: int

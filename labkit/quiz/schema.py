@@ -2,7 +2,7 @@
 
 Each check raises ValueError naming the file, the question's id, the field and what is allowed,
 so a typo in a data file fails at load with a message that points at it, not later in a quiz.
-The schema itself is in the package docstring of labkit.quiz and issue 20's contract.
+The schema itself is in `labkit.quiz.bank.Question`'s docstring and issue 20's contract.
 """
 from __future__ import annotations
 

@@ -1,22 +1,13 @@
 """Inside a rank: set up the process group, report results to the launcher, shut down cleanly.
 
-A lab program reads like this::
-
     from labkit.runtime import dist
     ctx = dist.setup()                 # backend, device, seed, collective timeout
     ...                                # the lab, using torch.distributed as usual
     dist.report(loss=loss.item())      # goes to result.results[rank] in the notebook
     dist.shutdown()                    # barrier, flush, exit (see `shutdown` for why)
 
-It works the same under `labkit.runtime.launch.run_lab`, under a plain `torchrun`, across nodes (the usual
-torchrun variables RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT) and as a
-single process (`python -m labkit.labs.hello`: world size 1).
-
-The channel to the launcher is a directory named by LABKIT_RESULTS_DIR: each rank appends JSON
-lines to `rank<R>.jsonl` (start, report, progress, error, exit records). Files, not stdout
-markers, because lab output may be anything and a line written with flush survives a rank that
-is killed a moment later. Without the variable (plain torchrun) reports are kept in
-`reported()` and printed by nobody.
+The same under `run_lab`, under a plain `torchrun` (one node or several) and as a single process
+(`python -m labkit.labs.hello`: world size 1). How reports reach the launcher: `_write`.
 """
 from __future__ import annotations
 
@@ -67,7 +58,10 @@ class Context:
 
 
 # ---------------------------------------------------------------------------------------------
-# identity (from the torchrun environment; valid before and after setup)
+# identity (from the torchrun environment; valid before and after setup). run_lab's ranks, a
+# plain torchrun's and a multi-node run's all carry the usual variables (RANK, WORLD_SIZE,
+# LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT); without them this is a single process of
+# world size 1.
 
 def rank() -> int:
     return int(os.environ.get("RANK", 0))
@@ -185,6 +179,11 @@ def _jsonable(value):
 
 
 def _write(record: dict) -> None:
+    """Append one JSON-lines record to `rank<R>.jsonl` in the directory LABKIT_RESULTS_DIR names:
+    the channel to the launcher (start, report, progress, error, exit records). Files, not
+    stdout markers, because lab output may be anything and a line written with flush survives a
+    rank that is killed a moment later. Without the variable (plain torchrun) nothing is written:
+    reports are kept in `reported()` and printed by nobody."""
     directory = os.environ.get(ENV_RESULTS_DIR)
     if not directory:
         return

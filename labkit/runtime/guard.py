@@ -1,25 +1,13 @@
 """Tie a lab's processes to the process that launched it, so that none outlives it.
 
+    python -m labkit.runtime.guard PARENT_PID -- torchrun ...   # what run_lab starts: `main`
+    guard.protect_rank()                                          # in each rank's bootstrap
+
 Why: torchrun and each rank run in sessions of their own (so that teardown can signal their
-groups), and a rank that prints nothing never notices that the notebook kernel that started it
-is gone: a kernel restart, a shutdown or `kill -9` used to leave torchrun and its ranks running
-(measured: ranks alive 62 s after `kill -9` of the kernel, until their own work ended).
-
-Two links, each enough alone on Linux, together covering the gaps of the other:
-
-1. launcher -> torchrun: `run_lab` starts `python -m labkit.runtime.guard PID -- torchrun ...`,
-   which asks the kernel (Linux `prctl(PR_SET_PDEATHSIG, SIGKILL)`) to kill it when its parent
-   dies, checks the parent is still PID (it may have died already), and then *becomes* torchrun
-   (`execv`; the death signal survives exec). Costs one small interpreter start, ~50 ms.
-2. torchrun -> rank and launcher -> rank: each rank's bootstrap calls `protect_rank()`, which
-   sets the same death signal against torchrun (in the kernel: works while the rank holds the
-   GIL in C code) and starts a watchdog thread that waits on the launcher's pid (a pidfd where
-   Linux has one; polling elsewhere, e.g. macOS, where prctl does not exist) and kills the
-   rank's own process group when the launcher is gone.
-
-LABKIT_ORPHAN_GUARD=0 in the launcher's environment turns both off (to show what happens without
-them; tests/test_orphans.py does). Plain `torchrun` runs are unaffected: without the launcher's
-variables nothing is set.
+groups), and a kernel restart or `kill -9` used to leave them running (measured: ranks alive
+62 s after `kill -9` of the kernel). Two links, each enough alone on Linux: launcher -> torchrun
+(`main`) and torchrun, launcher -> rank (`protect_rank`). LABKIT_ORPHAN_GUARD=0 turns both off
+(tests/runtime/test_orphans.py); plain `torchrun` runs are unaffected.
 """
 from __future__ import annotations
 
@@ -139,7 +127,13 @@ def _kill_own_group() -> None:
 
 def protect_rank(env=None) -> bool:
     """Called by each rank's bootstrap: die with torchrun and with the launcher. Returns
-    whether a launcher is being watched."""
+    whether a launcher is being watched.
+
+    The second link (torchrun -> rank and launcher -> rank): the same death signal as `main`'s,
+    against torchrun (in the kernel: it works while the rank holds the GIL in C code), and a
+    watchdog thread that waits on the launcher's pid (a pidfd where Linux has one; polling
+    elsewhere, e.g. macOS, where prctl does not exist) and kills the rank's own process group
+    when the launcher is gone. Without the launcher's variables (plain torchrun) nothing is set."""
     env = env if env is not None else os.environ
     if not enabled(env) or ENV_LAUNCHER_PID not in env:
         return False
@@ -159,6 +153,11 @@ def protect_rank(env=None) -> bool:
 
 
 def main(argv: list[str]) -> None:
+    """The first link (launcher -> torchrun): `run_lab` starts `python -m labkit.runtime.guard
+    PID -- torchrun ...`, which asks the kernel (Linux `prctl(PR_SET_PDEATHSIG, SIGKILL)`) to
+    kill it when its parent dies, checks that the parent is still PID (it may have died
+    already), and then *becomes* torchrun (`execv`; the death signal survives exec). Costs one
+    small interpreter start, ~50 ms."""
     if len(argv) < 3 or argv[1] != "--":
         raise SystemExit("usage: python -m labkit.runtime.guard PARENT_PID -- COMMAND [ARGS...]")
     parent, cmd = int(argv[0]), argv[2:]

@@ -5,29 +5,9 @@
     result.results[1]["all_reduce"]      # what rank 1 passed to labkit.runtime.dist.report()
     result.ranks[1].exit_code, result.ranks[1].wall_time, result.wall_time, result.launcher
 
-Two launchers, the same ranks (the same variables: RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/
-PORT, TORCHELASTIC_*), the same output, results and failure reports:
-- "pool" (default on one Linux machine): ranks are forked from a warm process that imported
-  torch once (labkit.runtime.pool, labkit.runtime.zygote): a 4-rank lab starts in ~0.1 s
-  instead of 4-9 s. Its rendezvous store listens on 127.0.0.1 only.
-- "torchrun" (several nodes, SLURM, or launcher="torchrun" / LABKIT_LAUNCHER=torchrun):
-  `python -m torch.distributed.run` (a bare `torchrun` may not be on a kernel's PATH) with a
-  c10d rendezvous on 127.0.0.1:0, so the OS picks the port and two labs can run at once (a
-  fixed --master-port collides, --master-port 0 hangs). torchrun writes each rank's output to
-  a log file (--redirects) that this process tails (`LogTail`).
-
-How, and why so:
-- Each rank runs `labkit.runtime.bootstrap`, which records start/exit/error to a per-run directory
-  (LABKIT_RESULTS_DIR) and writes torch elastic's error file, so every failure comes back with
-  its rank, exception and traceback.
-- This process prints "[rank R] ..." lines as they arrive, in its main thread, which is what
-  makes output live in a Jupyter cell. The launcher's own log lines are kept in
-  `result.agent_log`.
-- Every rank runs in a session of its own, so a timeout, a failure, or KeyboardInterrupt (the
-  notebook's stop button) ends with SIGTERM then SIGKILL to each rank's group (and torchrun's),
-  and to any process carrying this run's LABKIT_RUN_ID.
-- If this process dies instead (a kernel restart, shutdown or kill -9), the ranks die with it:
-  `labkit.runtime.guard` links them (and torchrun) to it; the pool's processes watch it too.
+Two launchers, the same ranks, output, results and failure reports: "pool" (the default on one
+Linux machine: labkit.runtime.pool) and "torchrun" (several nodes, SLURM, launcher="torchrun").
+How each works, and why so: docs/runtime.md.
 """
 from __future__ import annotations
 
@@ -118,6 +98,12 @@ def choose_launcher(launcher: str | None, nnodes: int) -> str:
     return launcher
 
 
+# `python -m torch.distributed.run`, not `torchrun`: a bare `torchrun` may not be on a kernel's
+# PATH. A c10d rendezvous on 127.0.0.1:0 lets the OS pick the port, so two labs can run at once
+# (a fixed --master-port collides, --master-port 0 hangs). --redirects 3: each rank's output goes
+# to a log file that LogTail reads. Each rank runs labkit.runtime.bootstrap, which records
+# start/exit/error in LABKIT_RESULTS_DIR and writes torch elastic's error file, so every failure
+# comes back with its rank, exception and traceback.
 def _torchrun_command(target: str, nproc: int, args, log_dir: str, run_id: str, nnodes: int,
                       node_rank: int | None, rdzv_endpoint: str | None,
                       rdzv_id: str | None) -> list[str]:
@@ -228,6 +214,9 @@ def run_lab(target, nproc: int | None = None, args=(), timeout: float | None = 3
                 if (s := first_record(recs, "start"))}
         return {**job.pids, **pids}
 
+    # Every rank runs in a session of its own, so a timeout, a failure or KeyboardInterrupt (the
+    # notebook's stop button) ends with SIGTERM then SIGKILL to each rank's group (and
+    # torchrun's), and to any process carrying this run's LABKIT_RUN_ID (job.stop: teardown).
     try:
         # On one node, return once every rank has exited 0 (see _pump). Not on several:
         # torchrun's exit barrier there keeps the other nodes' agents in step.
@@ -436,7 +425,9 @@ def _all_ranks_done(results_dir: str, nproc: int) -> bool:
 def _pump(job, t0, timeout, printer: _Printer, done=None, deaths: DeathWatch | None = None) -> str:
     """Print the ranks' lines as they arrive until the launcher's side ends ("exited"), the
     timeout fires ("timeout"), or done() says the ranks have all finished ("finished": the
-    launcher is then ended rather than waited for). deaths.poll() runs every 0.1 s."""
+    launcher is then ended rather than waited for). deaths.poll() runs every 0.1 s.
+    Printing here, in the caller's (main) thread, is what makes output live in a Jupyter cell;
+    the launcher's own lines are kept in `result.agent_log`."""
     sel = selectors.DefaultSelector()
     partial = {}
     for fd, tag in job.streams.items():

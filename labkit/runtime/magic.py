@@ -1,18 +1,13 @@
-"""`%%torchrun`: run a notebook cell as a lab on several ranks.
+"""`%%torchrun`: run a notebook cell as a lab on several ranks (`%load_ext labkit` first).
 
-    %load_ext labkit
     %%torchrun -n 4 --timeout 60
     x = torch.tensor([float(rank)])
     dist.all_reduce(x)                 # dist is torch.distributed
     report(sum=x.item())               # -> _torchrun.results[rank]
     print0("sum over ranks:", x.item())
 
-The cell runs in fresh processes (forked from the warm pool, or under torchrun with
-`--launcher torchrun`), not in the kernel: it sees none of the notebook's variables,
-and it starts with labkit.runtime.dist set up and these names defined: rank, world_size, device, ctx
-(labkit.runtime.dist.Context), report, print0, progress, torch, dist (torch.distributed). Output is
-streamed into the cell with a rank prefix; the LabResult is returned and also stored in the
-notebook variable `_torchrun`. A failing rank raises labkit.runtime.launch.LabError.
+The cell runs in fresh processes, not in the kernel: it sees none of the notebook's variables.
+What it is given, and what it returns: `TorchrunMagics.torchrun`.
 """
 from __future__ import annotations
 
@@ -38,7 +33,15 @@ class TorchrunMagics(Magics):
                    "python -m torch.distributed.run; default: LABKIT_LAUNCHER, else auto")
     @cell_magic
     def torchrun(self, line, cell):
-        """Run this cell on N ranks (see labkit.runtime.magic)."""
+        """Run this cell on N ranks (see labkit.runtime.magic).
+
+        The cell runs in fresh processes (forked from the warm pool, or under torchrun with
+        `--launcher torchrun`), not in the kernel: it sees none of the notebook's variables, and
+        it starts with labkit.runtime.dist set up and these names defined: rank, world_size,
+        device, ctx (labkit.runtime.dist.Context), report, print0, progress, torch, dist
+        (torch.distributed). Output is streamed into the cell with a rank prefix; the LabResult
+        is returned and also stored in the notebook variable `_torchrun`. A failing rank raises
+        labkit.runtime.launch.LabError."""
         from labkit.runtime.launch import run_lab
 
         opts = parse_argstring(self.torchrun, line)

@@ -1,27 +1,13 @@
-"""Inside a rank: what this rank holds, saves and sends, measured exactly.
+"""Inside a rank: what this rank holds, saves and sends, measured exactly (the why: comments below).
 
-    from labkit.runtime import measure
-    s = measure.state_bytes(model, optimizer)    # params, grads, optimizer_states, optimizer_steps
-    with measure.SavedActivations(model) as saved:
-        loss = model(x).sum()
-    saved.bytes                                  # bytes kept for backward (parameters excluded)
-    with measure.CollectiveCounter() as comm:
-        loss.backward()
-    comm.by_kind                                 # {"all_reduce": (count, bytes), ...}
-    timer = measure.StepTimer()
-    with timer: step()                           # each `with` is one step
+    s = measure.state_bytes(model, optimizer)  # params, grads, optimizer_states, optimizer_steps
+    with measure.SavedActivations(model) as saved:   # saved.bytes: kept for backward,
+        loss = model(x).sum()                        #   parameters excluded
+    with measure.CollectiveCounter() as comm:        # comm.by_kind: {"all_reduce":
+        loss.backward()                              #   (count, bytes), ...}
+    timer = measure.StepTimer()                      # `with timer: step()` times one step
 
-Why these methods (see PROBES.md): memory is counted by deduplicated storages, not process RSS
-(the allocator and a ~220 MB import baseline make RSS useless for bytes); collectives are seen at
-the dispatcher, where DDP's all-reduce, FSDP2's all-gather/reduce-scatter, DTensor's functional
-collectives and pipeline send/recv all pass with their tensors. Nothing here needs a process
-group, so it works (and is tested) in a single process too.
-
-Bytes of a collective are the size of its full buffer, as nccl-tests' "size": the tensor reduced
-(all_reduce), the gathered output (all_gather), the unsharded input (reduce_scatter), the tensor
-sent (broadcast, send/recv, all_to_all). What a ring moves per rank follows from that
-(labkit.comm); what gloo actually sends is another matter (PROBES: its reduce_scatter is an
-all_reduce).
+No process group is needed, so all of it works (and is tested) in one process too.
 """
 from __future__ import annotations
 
@@ -32,6 +18,9 @@ from dataclasses import dataclass, field
 
 # ---------------------------------------------------------------------------------------------
 # model states
+#
+# Memory is counted by deduplicated storages, not process RSS: the allocator and a ~220 MB
+# import baseline make RSS useless for bytes (PROBES.md).
 
 
 def _local(t):
@@ -189,6 +178,14 @@ def reset_peak_memory(device=None) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # collectives
+#
+# Seen at the dispatcher (a TorchDispatchMode), where DDP's all-reduce, FSDP2's all-gather/
+# reduce-scatter, DTensor's functional collectives and pipeline send/recv all pass with their
+# tensors (PROBES.md). The bytes of a collective are the size of its full buffer, as nccl-tests'
+# "size": the tensor reduced (all_reduce), the gathered output (all_gather), the unsharded input
+# (reduce_scatter), the tensor sent (broadcast, send/recv, all_to_all). What a ring moves per
+# rank follows from that (labkit.comm); what gloo actually sends is another matter (PROBES.md:
+# its reduce_scatter is an all_reduce).
 
 # op name -> (kind, index of the argument holding the full buffer; None: no payload; "group":
 # the functional all-gathers, whose full buffer is their input times group_size = args[1])
@@ -236,7 +233,7 @@ def _dtype(obj):
 class Collective:
     kind: str        # all_reduce | all_gather | reduce_scatter | broadcast | send | recv | ...
     op: str          # the dispatcher op, e.g. "c10d.allreduce_"
-    bytes: int       # size of the full buffer (see the module docstring)
+    bytes: int       # size of the full buffer (see the comment above _C10D)
     dtype: str | None
 
 

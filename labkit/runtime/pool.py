@@ -1,30 +1,13 @@
 """The warm pool: local labs start in well under a second instead of paying every rank's
-`import torch` (1-3 s each on a laptop, the cores shared; 30 s for four ranks importing
-transformers). Used by run_lab for single-node labs (launcher="pool", the default on Linux).
+`import torch` (1-3 s each on a laptop; 30 s for four ranks importing transformers).
+run_lab uses it for single-node labs on Linux (launcher="pool", the default).
 
     from labkit.runtime import pool
     pool.warm()                          # optional: start it now, e.g. in a notebook's first cell
     pool.warm(preload=["transformers"])  # and import transformers in it too
     pool.shutdown()                      # optional: it also ends with this process
 
-One warm parent per launcher process (labkit.runtime.zygote) has imported torch once; each lab
-forks a fresh process per rank from it, so nothing leaks between labs, a learner's edited code
-is imported fresh, and the ranks share the parent's memory pages until they write them (one
-warm process serves any number of ranks: the pool needs no size). What a lab imported from
-installed packages (transformers, torch's lazily imported parts) the pool imports after it, so
-the next such lab starts warm; never labkit's or the learner's modules.
-
-The pool is restarted when it would not give what a fresh process gets: when a variable read at
-import time differs (PYTHON*, TORCH*, OMP_*, MKL_*, HF_*, ...; e.g. env={"OMP_NUM_THREADS": "2"}),
-when torch, transformers or this machinery changed on disk, or when it died. It leaves with its
-owner: it watches the owner's pid and its control socket.
-
-Where fork is not safe or not there (macOS, Windows) run_lab uses torchrun.
-
-What a lab can tell apart from torchrun: its ranks share Python's string-hash seed (fixed when
-the warm parent started, as if PYTHONHASHSEED were set), so a set of strings iterates in the
-same order on every rank; modules from installed packages may already be imported (their
-import-time side effects happened in the warm parent, before RANK was set).
+How it works (`Pool`), when it restarts (`get`), what a lab can tell apart: docs/runtime.md.
 """
 from __future__ import annotations
 
@@ -51,7 +34,8 @@ NOT_IMPORT_TIME = ("TORCHELASTIC_", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "PYTHONUN
 
 
 def supported() -> bool:
-    """fork() is safe here: Linux (macOS frameworks abort in forked children)."""
+    """fork() is safe here: Linux (macOS frameworks abort in forked children). Where fork is
+    not safe or not there (macOS, Windows) run_lab uses torchrun."""
     return sys.platform.startswith("linux") and hasattr(os, "fork") and hasattr(socket,
                                                                                 "send_fds")
 
@@ -67,7 +51,21 @@ class PoolError(RuntimeError):
 
 
 class Pool:
-    """One warm parent process (see the module docstring)."""
+    """One warm parent process (labkit.runtime.zygote) that has imported torch once; one per
+    launcher process.
+
+    Each lab forks a fresh process per rank from it, so nothing leaks between labs, a learner's
+    edited code is imported fresh, and the ranks share the parent's memory pages until they
+    write them (one warm process serves any number of ranks: the pool needs no size). What a
+    lab imported from installed packages (transformers, torch's lazily imported parts) the pool
+    imports after it (`PoolJob.after`), so the next such lab starts warm; never labkit's or the
+    learner's modules. It leaves with its owner: it watches the owner's pid and its control
+    socket.
+
+    What a lab can tell apart from torchrun: its ranks share Python's string-hash seed (fixed
+    when the warm parent started, as if PYTHONHASHSEED were set), so a set of strings iterates
+    in the same order on every rank; modules from installed packages may already be imported
+    (their import-time side effects happened in the warm parent, before RANK was set)."""
 
     def __init__(self, env: dict, preload=()):
         self.key = import_key(env)
@@ -208,7 +206,12 @@ _pool: Pool | None = None
 
 def get(env: dict, preload=(), wait: bool = True) -> Pool:
     """The warm pool for a lab with this environment, started (or restarted) as needed;
-    wait: until it is ready (has imported torch)."""
+    wait: until it is ready (has imported torch).
+
+    It is restarted when it would not give what a fresh process gets: when a variable read at
+    import time differs (`import_key`: PYTHON*, TORCH*, OMP_*, MKL_*, HF_*, ...; e.g.
+    env={"OMP_NUM_THREADS": "2"}), when torch, transformers or this machinery changed on disk
+    (`Pool.stale`), or when it died."""
     global _pool
     key = import_key(env)
     with _lock:

@@ -3,23 +3,11 @@ process for every rank of every lab (started by labkit.runtime.pool; run_lab use
 
     python -m labkit.runtime.zygote CTRL_FD LAUNCHER_PID LAUNCHER_START [MODULE...]
 
-Three kinds of process, all forked from this one:
-- the warm parent (this `main`): imports torch (and the MODULEs, e.g. transformers), says
-  "ready", then waits for requests on CTRL_FD (a SOCK_SEQPACKET socket to the launcher). It
-  never initialises CUDA (forking after CUDA init is unsafe) and runs no lab code.
-- one agent per lab (`_agent`), what torchrun's agent is to its workers: it binds the
-  rendezvous store on 127.0.0.1 only (torch's TCPStore otherwise listens on every interface),
-  forks the ranks, tells the launcher their pids and exit codes, and when a rank fails stops
-  the others (SIGTERM, then SIGKILL after the shutdown timeout), as torchrun does.
-- the ranks (`_rank`): each in a session of its own, stdout/stderr on pipes the launcher made,
-  the lab's environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT, TORCHELASTIC_* as
-  torchrun sets them), the launcher's working directory, labkit's modules dropped so that they
-  and the learner's code are imported fresh; then labkit.runtime.bootstrap runs the lab exactly
-  as under torchrun.
-
-Nothing outlives the launcher: the warm parent leaves when its control socket closes or the
-launcher's pid is gone (a pidfd), an agent kills its ranks when its lab socket closes, and each
-rank watches the launcher itself (labkit.runtime.guard).
+Three kinds of process, all forked from this one: the warm parent (`main`), one agent per lab
+(`_agent`, what torchrun's agent is to its workers) and the ranks (`_rank`); each function says
+what its process does. Nothing outlives the launcher: the warm parent leaves when its control
+socket closes or the launcher's pid is gone (a pidfd), an agent kills its ranks when its lab
+socket closes, and each rank watches the launcher itself (labkit.runtime.guard).
 """
 from __future__ import annotations
 
@@ -162,6 +150,10 @@ def _cuda_initialised() -> bool:
 
 
 def main(argv: list[str]) -> None:
+    """The warm parent: imports torch (and the MODULEs, e.g. transformers), says "ready", then
+    waits for requests on CTRL_FD (a SOCK_SEQPACKET socket to the launcher). It never
+    initialises CUDA (forking after CUDA init is unsafe) and runs no lab code. It leaves when
+    its control socket closes or the launcher's pid is gone (a pidfd)."""
     ctrl_fd, launcher_pid, launcher_start, *preload = argv
     ctrl = socket.socket(fileno=int(ctrl_fd))
     launcher_pid, started = int(launcher_pid), (None if launcher_start == "-" else launcher_start)
@@ -234,6 +226,11 @@ def _signal_groups(pids, sig) -> None:
 
 
 def _agent(conn: socket.socket, req: dict) -> None:
+    """One lab's agent, what torchrun's agent is to its workers: it binds the rendezvous store
+    on 127.0.0.1 only (torch's TCPStore otherwise listens on every interface), forks the ranks,
+    tells the launcher their pids and exit codes, and when a rank fails stops the others
+    (SIGTERM, then SIGKILL after the shutdown timeout), as torchrun does. It kills its ranks
+    when its lab socket closes."""
     nproc = req["nproc"]
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
@@ -352,7 +349,12 @@ def _show_env(slot, env: dict, base: dict, first: tuple[str, ...]) -> None:
 
 
 def _rank(r: int, fds: list[int], req: dict, port: int, close: tuple) -> None:
-    """The forked rank process: never returns."""
+    """The forked rank process: never returns. Each rank runs in a session of its own, with
+    stdout/stderr on pipes the launcher made, the lab's environment (RANK, LOCAL_RANK,
+    WORLD_SIZE, MASTER_ADDR/PORT, TORCHELASTIC_* as torchrun sets them), the launcher's working
+    directory, and labkit's modules dropped so that they and the learner's code are imported
+    fresh; then labkit.runtime.bootstrap runs the lab exactly as under torchrun, and the rank
+    watches the launcher itself (labkit.runtime.guard)."""
     code = 1
     try:
         os.setsid()

@@ -1,17 +1,13 @@
 """The communication calculator: how long one collective takes under the alpha-beta model, for an
-operation, a message size, a number of ranks and a link (a preset from labkit.hardware.LINKS or a
-custom bandwidth and latency), with a time-against-size plot that shows where the operation is
-latency-bound and where it is bandwidth-bound.
+operation, a message size, a number of ranks and a link, with a time-against-size plot that
+shows where the operation is latency-bound and where it is bandwidth-bound.
 
     >>> from labkit.widgets.comm import CommCalculator
     >>> calc = CommCalculator()              # in a notebook, the last line `calc` displays it
     >>> calc.controls["ranks"].value = "16"  # what a test does instead of typing
     >>> calc.result.value, calc.figure.value  # HTML, PNG bytes
 
-A thin view over `labkit.comm` (collective_time, bytes_sent_per_rank, bus_bandwidth): it holds no
-formula, recomputes when any control changes, and keeps its results in widget traits. `calc.time`
-is the last predicted time in seconds (None while the input is invalid) and `calc.error` the
-message shown instead (None when valid).
+A thin view over `labkit.comm` (collective_time, bytes_sent_per_rank, bus_bandwidth).
 """
 from __future__ import annotations
 
@@ -45,6 +41,10 @@ class CommCalculator(Calculator):
     reduce_scatter input), ranks, link (a LINKS key or "custom"), bandwidth_gbs (custom link:
     GB/s per direction) and latency_us (custom link: microseconds per message). Keyword
     arguments set their starting values, e.g. `CommCalculator(op="all_gather", link="ib-ndr")`.
+
+    A thin view over `labkit.comm`: it holds no formula, recomputes when any control changes, and
+    keeps its results in widget traits. `time` is the last predicted time in seconds (None while
+    the input is invalid) and `error` the message shown instead (None when valid).
     """
 
     ranges = RANGES

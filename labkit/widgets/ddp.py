@@ -1,8 +1,5 @@
 """The DDP step-time calculator: one GPU's step = compute + the communication its backward could
-not hide, for a model, a number of GPUs, a link (a preset from labkit.hardware.LINKS or a custom
-bandwidth and latency), a bucket size and an overlap share; with the compute-to-communication
-ratio, and a plot of time and throughput against the number of GPUs that shows where DDP stops
-scaling.
+not hide, and a plot of time and throughput against GPU count that shows where DDP stops scaling.
 
     >>> from labkit.widgets.ddp import DDPCalculator
     >>> calc = DDPCalculator(model="llama2-7b", link="ib-ndr")   # the last line `calc` shows it
@@ -10,15 +7,7 @@ scaling.
     >>> calc.step.total, calc.curve.stops_scaling                 # seconds; GPUs (or None)
     >>> calc.result.value, calc.figure.value                      # HTML, PNG bytes
 
-A thin view over `labkit.scaling` (`ddp_step_time`, `scaling_curve`, `compute_time`) and
-`labkit.flops.flops_per_step`: it holds no formula, recomputes when any control changes, and keeps
-its results in widget traits. `calc.step` is the last `DDPStepTime` (None while the input is
-invalid), `calc.curve` the `ScalingCurve` plotted, `calc.error` the message shown instead.
-
-The compute of one GPU's step is typed in milliseconds (measure yours), or comes from FLOPs: the
-model's training FLOPs for that GPU's sequences (`flops_per_step`; a custom size counts 6N per
-token) at an MFU of a GPU's dense peak. It is the work of one GPU at the GPU count chosen; under
-"strong" scaling the plot spreads that global batch (N times it) over every GPU count.
+A thin view over `labkit.scaling` and `labkit.flops.flops_per_step`.
 """
 from __future__ import annotations
 
@@ -64,6 +53,17 @@ class DDPCalculator(Calculator):
     communication may run beside), compute
     ("time": compute_ms; "flops": gpu, mfu, batch_size sequences of seq_len tokens per GPU).
     Keyword arguments set their starting values, e.g. `DDPCalculator(gpus=64, link="ib-ndr")`.
+
+    A thin view over `labkit.scaling` (`ddp_step_time`, `scaling_curve`, `compute_time`) and
+    `labkit.flops.flops_per_step`: it holds no formula, recomputes when any control changes, and
+    keeps its results in widget traits. `step` is the last `DDPStepTime` (None while the input
+    is invalid), `curve` the `ScalingCurve` plotted, `error` the message shown instead.
+
+    The compute of one GPU's step is typed in milliseconds (measure yours), or comes from FLOPs:
+    the model's training FLOPs for that GPU's sequences (`flops_per_step`; a custom size counts
+    6N per token) at an MFU of a GPU's dense peak. It is the work of one GPU at the GPU count
+    chosen; under "strong" scaling the plot spreads that global batch (N times it) over every
+    GPU count.
     """
 
     ranges = RANGES

@@ -7,17 +7,7 @@ a batch, ZeRO and dp/tp/pp degrees, and whether it fits on a GPU.
     >>> calc.controls["dp"].value = "8"                # typed fields hold text
     >>> calc.verdict.value, calc.breakdown.value, calc.figure.value    # HTML, HTML, PNG bytes
 
-It is a thin view over `labkit.memory.estimate_memory`: it holds no formula, recomputes when any
-control changes, and keeps every result in a widget trait (`verdict.value`, `breakdown.value`,
-`figure.value`, `note.value`), never in printed output. `calc.estimate` is the last
-`MemoryEstimate` (None while the input is invalid) and `calc.error` the message shown instead
-(None when valid).
-
-Whole numbers that can be anything (micro-batch, micro-batches, dp, the custom shape) are typed
-into text fields, and anything but digits gets a message; the degrees with few valid values are
-picked: tp from the divisors of the model's heads (and KV heads and MLP width), pp from 1 to its
-layers, the ZeRO stage from 0-3. When a new model cannot take the tp, pp or sequence length
-chosen, the calculator moves it to the nearest value that works and says so in `note`.
+A thin view over `labkit.memory.estimate_memory`.
 """
 from __future__ import annotations
 
@@ -74,6 +64,19 @@ class MemoryCalculator(Calculator):
 
     Keyword arguments set the controls' starting values (names as in `controls`), e.g.
     `MemoryCalculator(model="llama3-70b", zero_stage=3, dp=64, gpu="h100-sxm")`.
+
+    A thin view over `labkit.memory.estimate_memory`: it holds no formula, recomputes when any
+    control changes, and keeps every result in a widget trait (`verdict.value`,
+    `breakdown.value`, `figure.value`, `note.value`), never in printed output. `estimate` is the
+    last `MemoryEstimate` (None while the input is invalid) and `error` the message shown
+    instead (None when valid).
+
+    Whole numbers that can be anything (micro-batch, micro-batches, dp, the custom shape) are
+    typed into text fields, and anything but digits gets a message; the degrees with few valid
+    values are picked: tp from the divisors of the model's heads (and KV heads and MLP width),
+    pp from 1 to its layers, the ZeRO stage from 0-3. When a new model cannot take the tp, pp or
+    sequence length chosen, the calculator moves it to the nearest value that works and says so
+    in `note`.
     """
 
     def __init__(self, **initial):

@@ -1,15 +1,13 @@
-"""The pipeline calculator: a schedule, p stages, m micro-batches (v chunks for interleaving)
-and the times of one micro-batch's forward and backward (and weight-gradient pass) on a stage
--> the simulated step as a Gantt chart, its bubble beside the closed form, the micro-batches
-each stage holds at its peak and, for a model, their activation memory (`labkit.pipeline`).
+"""The pipeline calculator: a schedule, p stages, m micro-batches (v chunks for interleaving) and
+one micro-batch's forward and backward (and weight-gradient) times on a stage -> the simulated
+step as a Gantt chart, its bubble beside the closed form, each stage's peak micro-batches and,
+for a model, their activation memory (`labkit.pipeline`).
 
     >>> from labkit.widgets.pipeline import PipelineCalculator
     >>> calc = PipelineCalculator(schedule="gpipe", stages=4, microbatches=8)
     >>> calc.controls["microbatches"].value = "16"         # a test's way of typing
     >>> calc.pipeline.bubble_fraction, calc.formula         # simulated; closed form
     >>> calc.in_flight, calc.activations                    # per stage (bytes: with a model)
-
-A thin view: no formula of its own; results in widget traits; bad input shown as a message.
 """
 from __future__ import annotations
 
@@ -43,7 +41,8 @@ class PipelineCalculator(Calculator):
     `pipeline` (the PipelineResult), `formula` ((idle share, relative bubble) in closed form),
     `in_flight` (peak micro-batches per stage), `activations` (bytes per stage, None without a
     model) and `messages` (P2PMessages) are the last results (None while the input is
-    invalid), `error` the message shown instead."""
+    invalid), `error` the message shown instead. A thin view: no formula of its own; results in
+    widget traits; bad input shown as a message."""
 
     ranges = RANGES
 

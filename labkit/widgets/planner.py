@@ -1,18 +1,12 @@
 """The planner calculator: a model, a cluster (GPUs, GPU type, GPUs per node), a global batch, a
 sequence length and an assumed MFU -> the best layout, the K fastest with their step-time
-breakdown, memory per GPU and throughput, how many layouts were rejected for each reason (with
-an example each), and a figure of the K fastest (`labkit.planner.plan`). When nothing fits, the
-reason and the K leanest layouts, priced by `labkit.planner.evaluate`, all over the capacity.
+breakdown, memory per GPU and throughput, and why the others were rejected (`labkit.planner`).
 
     >>> from labkit.widgets.planner import PlannerCalculator
     >>> calc = PlannerCalculator(model="llama3-70b", gpus=64)
     >>> calc.controls["gpus"].value = "128"              # a test's way of typing
     >>> calc.plan.best.layout, calc.plan.rejection_counts()
     >>> calc.shown                                       # the Estimates in the figure
-
-A thin view: no formula of its own; results in widget traits; bad input shown as a message.
-A plan takes up to about 0.7 s for 16,384 GPUs; the last plans are cached, so changing only
-`top` or going back to an earlier setting redraws without planning again.
 """
 from __future__ import annotations
 
@@ -49,7 +43,13 @@ class PlannerCalculator(Calculator):
     mfu, top (layouts listed and drawn). `plan` (the Plan), `shown` (the Estimates drawn: the
     `top` fastest, or when nothing fits the `top` leanest, over the capacity) and `decision`
     (`labkit.planner.decide` of the plan: the lever to turn on first) are the last results
-    (None while the input is invalid), `error` the message shown instead."""
+    (None while the input is invalid), `error` the message shown instead.
+
+    A thin view: no formula of its own; results in widget traits; bad input shown as a message.
+    When nothing fits it shows the reason and the `top` leanest layouts, priced by
+    `labkit.planner.evaluate`, all over the capacity. A plan takes up to about 0.7 s for 16,384
+    GPUs; the last plans are cached (`cached_plan`), so changing only `top` or going back to an
+    earlier setting redraws without planning again."""
 
     ranges = RANGES
 

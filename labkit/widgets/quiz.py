@@ -1,7 +1,5 @@
-"""The quiz: questions from the interview bank (`labkit.quiz`), one at a time, each answer
-checked by the bank (the expected value computed by labkit for the numbers drawn), with the
-worked explanation and, where a seed article got the question wrong, its wrong figure; at the
-end the score with a breakdown by topic and difficulty (`labkit.quiz.score`).
+"""The quiz: questions from the interview bank (`labkit.quiz`), one at a time, each answer checked
+by the bank, with the worked explanation; at the end the score by topic and difficulty.
 
     >>> from labkit.widgets.quiz import QuizWidget
     >>> quiz = QuizWidget(topic="pp", count=3, seed=1)
@@ -9,13 +7,6 @@ end the score with a breakdown by topic and difficulty (`labkit.quiz.score`).
     >>> quiz.answer.value = "12.5"               # numeric; choice: quiz.choice.value = "b"
     >>> quiz.submit.click(); quiz.feedback.value  # verdict, expected answer, explanation
     >>> quiz.next.click()                        # ... after the last: quiz.score_html.value
-
-Timed mode: an answer submitted more than `seconds_per_question` after its question was shown
-counts as wrong ("time up"). Time is read from `clock` when the question is shown and when the
-answer is submitted (no timers or threads: a test passes a fake clock).
-
-A thin view like the calculators: the bank draws and checks, results sit in widget traits
-(HTML.value), bad input is a message, never a traceback.
 """
 from __future__ import annotations
 
@@ -76,7 +67,18 @@ class QuizWidget(Calculator):
     numeric questions; the unit is shown beside it), choice (RadioButtons, value the option's
     letter), submit, feedback, next; at the end score_html. `message` shows bad settings.
     `session` holds the session's Attempts, `attempts` the (Attempt, Verdict) answered so far,
-    `result` the Score at the end (else None), `seed` the session's seed."""
+    `result` the Score at the end (else None), `seed` the session's seed.
+
+    Each answer is checked by the bank (the expected value computed by labkit for the numbers
+    drawn), with the worked explanation and, where a seed article got the question wrong, its
+    wrong figure; the score has a breakdown by topic and difficulty (`labkit.quiz.score`).
+
+    Timed mode: an answer submitted more than `seconds_per_question` after its question was
+    shown counts as wrong ("time up"). Time is read from `clock` when the question is shown and
+    when the answer is submitted (no timers or threads: a test passes a fake clock).
+
+    A thin view like the calculators: the bank draws and checks, results sit in widget traits
+    (HTML.value), bad input is a message, never a traceback."""
 
     def __init__(self, topic=None, difficulty=None, count=10, timed=False,
                  seconds_per_question=60, seed=None, clock=time.monotonic):

@@ -1,21 +1,13 @@
-"""The ZeRO calculator: for a model, a data-parallel degree, a precision, an optimizer and an
-offload choice, the per-GPU memory of ZeRO stages 0-3 side by side (`estimate_memory`) and what
-each GPU sends per step under DDP, ZeRO-1, -2 and -3 (`step_communication`), in bytes and in time
-on a link; with offload, the host-link (PCIe) time per step (`labkit.offload.offload_cost`).
+"""The ZeRO calculator: for a model, a dp degree, a precision, an optimizer and an offload choice,
+the per-GPU memory of ZeRO stages 0-3 side by side (`estimate_memory`), what each GPU sends per
+step under DDP and ZeRO-1, -2, -3 (`step_communication`) and, with offload, the host-link (PCIe)
+time per step (`labkit.offload.offload_cost`).
 
     >>> from labkit.widgets.zero import ZeROCalculator
     >>> calc = ZeROCalculator(model="custom", params_b=7, dp=4)   # the last line `calc` shows it
     >>> calc.controls["dp"].value = "8"                           # a test's way of typing
     >>> calc.estimates[3].total, calc.comms["zero3"].total_bytes  # bytes per GPU (per step)
     >>> calc.result.value, calc.figure.value, calc.comm_figure.value   # HTML, PNG, PNG
-
-A thin view: no formula of its own, recomputes when any control changes, keeps its results in
-widget traits. `calc.estimates` ({stage: MemoryEstimate}), `calc.comms` ({strategy: StepComm})
-and `calc.offload` ({stage: OffloadCost}, empty without offload) are the last results (None while
-the input is invalid), `calc.error` the message shown instead. Gradients and the all-gathered
-weights cross the wire in the weights' dtype (bf16-mixed: 2 bytes, fp32: 4), as
-`estimate_memory` counts them. A stage that cannot take the offload chosen (offload="optimizer"
-needs ZeRO >= 1, "params" ZeRO-3) is left out and named.
 """
 from __future__ import annotations
 
@@ -54,6 +46,14 @@ class ZeROCalculator(Calculator):
     "optimizer", "params"), gpu (its memory drawn as a line), link (of the dp collectives),
     host_link and compute_ms (with offload: the PCIe link and one GPU's forward + backward).
     Keyword arguments set their starting values, e.g. `ZeROCalculator(dp=64, offload="optimizer")`.
+
+    A thin view: no formula of its own, recomputes when any control changes, keeps its results
+    in widget traits. `estimates` ({stage: MemoryEstimate}), `comms` ({strategy: StepComm}) and
+    `offload` ({stage: OffloadCost}, empty without offload) are the last results (None while
+    the input is invalid), `error` the message shown instead. Gradients and the all-gathered
+    weights cross the wire in the weights' dtype (bf16-mixed: 2 bytes, fp32: 4), as
+    `estimate_memory` counts them. A stage that cannot take the offload chosen
+    (offload="optimizer" needs ZeRO >= 1, "params" ZeRO-3) is left out and named.
     """
 
     ranges = RANGES

@@ -15,7 +15,7 @@ from labkit.models import get_model
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-from labkit.labs.memory import fused_dropout        # noqa: E402  (imports torch)
+from labkit.labs.common.models import fused_dropout
 from labkit.runtime.measure import SavedActivations  # noqa: E402
 
 transformers.logging.set_verbosity_error()

@@ -254,7 +254,9 @@ def _no_ids_in_order(nb):
 
 def _old_imports(nb):
     """Right answers in a file written against labkit 0.1's module paths (issue 9): its set-up
-    and check cells import `labkit.grading`, and its answers import from old paths too."""
+    and check cells import `labkit.grading`, and its answers import from old paths too. Those
+    paths are gone (issue 27): the template's own cells are used, and an answer that imports an
+    old path fails, naming it."""
     for id_ in ("ex1", "ex2", "layers"):
         _set(nb, id_, "from labkit.launch import run_lab   # a 0.1 path\nimport labkit.grading\n"
              + _solution_code(id_))
@@ -379,9 +381,10 @@ def test_solution_passes_with_full_score(graded):
 
 
 @pytest.mark.notebook
-def test_a_file_written_against_the_old_module_paths_still_grades(graded):
+def test_an_answer_importing_a_removed_module_path_fails_naming_it(graded):
     report = graded("old-imports")
-    assert report.ok and report.passed == report.total == 4, report.format()
+    assert not report.ok and report.passed < report.total, report.format()
+    assert "labkit.launch" in report.format(), report.format()
 
 
 def test_wrong_answers_fail_with_expected_and_received(graded):

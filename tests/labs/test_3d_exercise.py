@@ -1,4 +1,4 @@
-"""Module 08's exercises: the 2D runner (labkit.labs.threed_exercise), where a learner's TP + FSDP
+"""Module 08's exercises: the 2D runner (labkit.labs.threed.exercise), where a learner's TP + FSDP
 composition reaches 4 ranks and is compared with one process, every usual mistake coming back
 as a sentence with its numbers; and the references the check cells use (the mesh groups against
 a real DeviceMesh, the feasibility kinds against the planner's published layouts)."""
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from labkit.course import reference
-from labkit.labs.threed_exercise import run_user_2d
+from labkit.labs.threed.exercise import run_user_2d
 
 # ----------------------------------------------------------------------- learners' answers
 # (module level, so that the runner finds their source in this file)

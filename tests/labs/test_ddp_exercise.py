@@ -1,4 +1,4 @@
-"""Module 03's exercise runner (labkit.labs.ddp_exercise): a learner's DDP class or training step
+"""Module 03's exercise runner (labkit.labs.ddp.exercise): a learner's DDP class or training step
 reaches the ranks as source, runs beside torch's DistributedDataParallel and a single process,
 and every usual mistake comes back as a sentence with its numbers."""
 from __future__ import annotations
@@ -13,8 +13,9 @@ from torch import nn
 
 from labkit.comm import collective_time
 from labkit.course import reference
-from labkit.labs import ddp_exercise as dx
-from labkit.labs.ddp_exercise import run_user_ddp
+from labkit.labs.ddp import exercise as dx
+from labkit.labs.common import exercise as shared
+from labkit.labs.ddp.exercise import run_user_ddp
 
 
 # ----------------------------------------------------------------------- learners' answers
@@ -157,7 +158,7 @@ def test_a_class_reaches_the_ranks_with_its_cell_minus_the_calls(tmp_path):
     spec = importlib.util.spec_from_file_location("cell", tmp_path / "cell.py")
     cell = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cell)
-    src = dx.definition_source(cell.Wrapper)
+    src = shared.definition_source(cell.Wrapper)
     assert "print(" not in src and "SIZE" not in src
     assert "WIDTH = 3" in src and "# kept" in src and "from torch import nn" in src
     exported: dict = {}
@@ -170,7 +171,7 @@ def test_a_class_defined_inside_a_function_is_refused():
         def forward(self, x):
             return x
     with pytest.raises(ValueError, match="top level of its cell"):
-        dx.definition_source(Inner)
+        shared.definition_source(Inner)
 
 
 @pytest.mark.parametrize("obj, task", [(StubDDP, "wrapper"), (HalfStubDDP, "wrapper"),

@@ -1,4 +1,4 @@
-"""Module 05's exercises: the FSDP2 runner (labkit.labs.fsdp_exercise), where a learner's wrapping
+"""Module 05's exercises: the FSDP2 runner (labkit.labs.fsdp.exercise), where a learner's wrapping
 function, mixed-precision policy and DCP save/load reach the ranks and are measured, every usual
 mistake coming back as a sentence with its numbers; and the references the check cells use."""
 from __future__ import annotations
@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from labkit.course import reference
-from labkit.labs.fsdp_exercise import SPEC, run_user_policy, run_user_resume, run_user_wrap
+from labkit.labs.common.tiny_llama import SPEC
+from labkit.labs.fsdp.exercise import run_user_policy, run_user_resume, run_user_wrap
 
 # ----------------------------------------------------------------------- learners' answers
 # (module level, so that the runner finds their source in this file)
@@ -104,7 +105,7 @@ def test_the_checkpoint_references_are_the_formulas_they_stand_for():
 
 def test_the_exercise_model_shards_evenly_on_2_4_and_8_ranks():
     """Every parameter's dim 0 divides by 8: each shard is exactly 1/N, so 4P/N holds."""
-    from labkit.labs.fsdp_exercise import build
+    from labkit.labs.common.tiny_llama import build
 
     model = build(0)
     assert all(p.shape[0] % 8 == 0 for p in model.parameters())
@@ -124,7 +125,7 @@ def test_bad_arguments_are_named(kwargs, words):
 def test_resume_arguments_are_checked():
     with pytest.raises(ValueError, match="save_at=6 must be below steps=6"):
         run_user_resume(save_ckpt, load_ckpt, steps=6, save_at=6)
-    from labkit.labs.fsdp_exercise import build     # defined in another file
+    from labkit.labs.common.tiny_llama import build
     with pytest.raises(ValueError, match="define save_ckpt and build in the same cell"):
         run_user_resume(save_ckpt, build)
 
@@ -169,7 +170,7 @@ def test_per_block_then_root_holds_4p_over_n_and_sends_what_labkit_predicts(npro
 
 
 def _model():
-    from labkit.labs.fsdp_exercise import build
+    from labkit.labs.common.tiny_llama import build
     return build(0)
 
 

@@ -299,7 +299,7 @@ def test_tied_counts_the_tensors_two_modules_hold():
     weight (V x h once); Llama's head is its own."""
     from types import SimpleNamespace
 
-    from labkit.labs._fsdp_common import build
+    from labkit.labs.fsdp.build import build
     from labkit.labs.fsdp import tied
 
     flags = dict(layers=1, hidden=32, heads=4, kv_heads=2, vocab=128, seq=16, seed=0)

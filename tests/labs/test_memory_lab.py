@@ -69,7 +69,8 @@ def test_llama_matches_transformers_llama_activations(args):
 def test_lab_predicts_the_implementation_it_builds():
     import argparse
 
-    from labkit.labs.memory import implementation, lab_spec
+    from labkit.labs.memory import implementation
+    from labkit.labs.common.models import lab_spec
 
     def args(**kw):
         base = dict(model="debug-gpt2", layers=2, hidden=64, heads=4, kv_heads=2, vocab=128,
@@ -87,7 +88,7 @@ def test_lab_predicts_the_implementation_it_builds():
 
 def test_master_weights_update_an_fp32_copy():
     torch = pytest.importorskip("torch")
-    from labkit.labs.memory import MasterWeights
+    from labkit.labs.common.models import MasterWeights
 
     layer = torch.nn.Linear(8, 4).to(torch.bfloat16)
     opt = MasterWeights(layer.parameters(), lr=1e-2)
@@ -105,7 +106,7 @@ def test_master_weights_update_an_fp32_copy():
 
 def test_fused_dropout_saves_a_one_byte_mask():
     torch = pytest.importorskip("torch")
-    from labkit.labs.memory import fused_dropout
+    from labkit.labs.common.models import fused_dropout
     from labkit.runtime.measure import SavedActivations
 
     x = torch.randn(64, 64, dtype=torch.bfloat16, requires_grad=True)

@@ -1,4 +1,4 @@
-"""Module 07's exercises: the GPipe runner (labkit.labs.pp_exercise), where a learner's
+"""Module 07's exercises: the GPipe runner (labkit.labs.pp.exercise), where a learner's
 hand-built GPipe step reaches the ranks and is compared with the whole model on one process
 (loss, gradients), with labkit's simulator (the order of forwards and backwards) and with the
 messages a pipeline must send, every usual mistake coming back as a sentence with its numbers;
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from labkit.course import reference
-from labkit.labs.pp_exercise import run_user_gpipe
+from labkit.labs.pp.exercise import run_user_gpipe
 
 # ----------------------------------------------------------------------- learners' answers
 # (module level, so that the runner finds their source in this file)

@@ -10,7 +10,7 @@ stage sends forward unless last and backward unless first, once per micro-batch)
 share in closed form (p - 1)/(m + p - 1). Timing (of the shortest of 5 steps, the least disturbed:
 CI once caught a median step 8.5 points above its simulation while other tests' ranks shared the
 2 cores): the measured idle share is asserted within
-5 points of the simulator's at the measured costs (labkit.labs._pp_common: compute plus the
+5 points of the simulator's at the measured costs (labkit.labs.common.pipeline: compute plus the
 framework's per-op overhead, p2p net of it) for GPipe, 1F1B and interleaved, by hand and
 torch's; zero-bubble, whose W torch places elsewhere than the simulator, within 10; never more
 than 3 below (stalls only add idle time). Seen with a CPU burner beside the 4 ranks on 2 cores:
@@ -127,7 +127,7 @@ def test_ppdp_fsdp2_works_and_ddp_static_graph_drifts_silently(ppdp):
 def test_beside_charges_the_per_op_overhead_and_counts_it_idle(schedule, v):
     """A step whose stages spend `o` between ops (torch's sends, receives, loss) and compute f,
     b: beside() finds o, and its simulation has this step's length and idle share."""
-    from labkit.labs import _pp_common as common
+    from labkit.labs.common import pipeline as common
     from labkit.pipeline import idle_share, simulate
 
     f, b, o = 0.03, 0.06, 0.004
@@ -144,7 +144,7 @@ def test_beside_charges_the_per_op_overhead_and_counts_it_idle(schedule, v):
 
 
 def test_check_sizes_messages_name_the_flag(capsys):
-    from labkit.labs import pp
+    from labkit.labs.pp import lab as pp
 
     for argv, world, message in (
             (["--part", "torch", "--layers", "6"], 4, "argument --layers: 6 does not split "

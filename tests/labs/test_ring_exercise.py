@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from labkit.comm import bytes_sent_per_rank
 from labkit.labs import ring
+from labkit.labs.common import exercise as shared
 
 N = 4
 
@@ -92,7 +93,7 @@ def test_cell_source_keeps_definitions_and_drops_calls():
     linecache.cache[filename] = (len(cell), None, cell.splitlines(True), filename)
     ns = {"launch_everything": lambda: None}
     exec(compile(cell, filename, "exec"), ns)
-    src = ring.function_source(ns["my_collective"])
+    src = shared.function_source(ns["my_collective"])
     assert "launch_everything" not in src and "print(" not in src and "for i" not in src
     for kept in ("import torch.distributed as dist", "CHUNKS = 4", "def helper(x):",
                  "# a comment stays", "def my_collective(tensor):"):
@@ -106,7 +107,7 @@ def test_nested_function_is_refused():
     def inner(tensor):
         return tensor
     with pytest.raises(ValueError, match="top level"):
-        ring.function_source(inner)
+        shared.function_source(inner)
 
 
 def test_stub_fails_fast_without_ranks():
@@ -121,11 +122,11 @@ def test_stub_fails_fast_without_ranks():
 def test_collectives_are_refused_inside_and_restored_after():
     before = (dist.all_reduce, vars(dist.ProcessGroup)["allreduce"])
     refusals: list = []
-    with ring.point_to_point_only("my_ring", refusals):
-        with pytest.raises(ring._Refused, match="your my_ring calls torch.distributed.all_reduce; "
+    with shared.point_to_point_only("my_ring", refusals):
+        with pytest.raises(shared._Refused, match="your my_ring calls torch.distributed.all_reduce; "
                                                 "write it yourself with dist.isend/dist.irecv"):
             dist.all_reduce(torch.ones(2))
-        with pytest.raises(ring._Refused, match="ProcessGroup.allreduce"):
+        with pytest.raises(shared._Refused, match="ProcessGroup.allreduce"):
             dist.ProcessGroup.allreduce(None, [torch.ones(2)])
         assert dist.isend.__module__ == "torch.distributed.distributed_c10d"   # p2p untouched
     assert len(refusals) == 2
@@ -170,5 +171,5 @@ def test_a_wrong_ring_is_caught_with_a_reason():
 
 def test_ring_all_gather_source_exports():
     """(Its 4-rank run is in solutions/02_collectives.ipynb, executed by the notebook tier.)"""
-    src = ring.function_source(ring_all_gather)
+    src = shared.function_source(ring_all_gather)
     assert "def ring_all_gather(tensor):" in src and "import torch.distributed as dist" in src

@@ -1,4 +1,4 @@
-"""Module 06's exercises: the tensor-parallel runner (labkit.labs.tp_exercise), where a learner's
+"""Module 06's exercises: the tensor-parallel runner (labkit.labs.tp.exercise), where a learner's
 f and g, column- and row-parallel layers reach the ranks and are compared with the definition and
 with nn.Linear on one process, every usual mistake coming back as a sentence with its numbers;
 and the references the check cells use."""
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from labkit.course import reference
-from labkit.labs.tp_exercise import run_user_column, run_user_conjugates, run_user_row
+from labkit.labs.tp.exercise import run_user_column, run_user_conjugates, run_user_row
 
 # ----------------------------------------------------------------------- learners' answers
 # (module level, so that the runner finds their source in this file)

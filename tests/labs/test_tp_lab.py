@@ -135,7 +135,7 @@ def test_pitfall_bare_all_gather_gives_wrong_input_gradients(pitfall2):
 
 
 def test_check_degree_message_names_the_flag(capsys):
-    from labkit.labs import tp
+    from labkit.labs.tp import lab as tp
 
     args, parser = tp.parse_args(["--seq", "30"])
     with pytest.raises(SystemExit):

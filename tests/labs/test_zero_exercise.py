@@ -1,4 +1,4 @@
-"""Module 04's exercises: the ZeRO-1 runner (labkit.labs.zero_exercise), where a learner's optimizer
+"""Module 04's exercises: the ZeRO-1 runner (labkit.labs.zero.exercise), where a learner's optimizer
 reaches the ranks as source and runs beside one process with AdamW, every usual mistake coming
 back as a sentence with its numbers; and the references the check cells compare with."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ import torch
 import torch.distributed as dist
 
 from labkit.course import reference
-from labkit.labs import ddp_exercise as dx
-from labkit.labs.zero_exercise import run_user_zero1
+from labkit.labs.ddp import exercise as dx
+from labkit.labs.zero.exercise import run_user_zero1
 
 TRAINABLE = [p for p in dx.TinyLM().parameters() if p.requires_grad]     # tied once
 PSI = sum(4 * p.numel() for p in TRAINABLE)                               # fp32 bytes

@@ -295,3 +295,31 @@ def test_cross_lab_checker_names_the_import(tmp_path):
         "labs/x/lab.py": "def main():\n    from labkit.labs.y.lab import helper\n",
         "labs/y/lab.py": "def helper(): pass\n"})
     assert cross_lab_imports(import_graph(root)) == ["labkit.labs.x.lab imports labkit.labs.y.lab"]
+
+
+# ---------------------------------------------------------------------------------------------
+# module docstrings: what the file is, how to run or call it, its sources (about 10 lines)
+
+MAX_DOCSTRING_LINES = 12
+
+
+def long_docstrings(root: Path) -> list[str]:
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        doc = ast.get_docstring(ast.parse(path.read_text()), clean=False)
+        if doc and doc.count("\n") + 1 > MAX_DOCSTRING_LINES:
+            found.append(f"{path.relative_to(root.parent)}: {doc.count(chr(10)) + 1} lines")
+    return found
+
+
+def test_module_docstrings_are_short():
+    """The rest of a file's story goes next to the code it explains, or to docs/labkit.md,
+    docs/labs.md and docs/runtime.md."""
+    found = long_docstrings(PKG)
+    assert not found, f"module docstrings over {MAX_DOCSTRING_LINES} lines:\n" + "\n".join(found)
+
+
+def test_docstring_checker_counts_lines(tmp_path):
+    root = _tree(tmp_path, {"ok.py": '"""' + "line\n" * 11 + '"""\n',
+                            "long.py": '"""' + "line\n" * 12 + '"""\n'})
+    assert long_docstrings(root) == ["labkit/long.py: 13 lines"]

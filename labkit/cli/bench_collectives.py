@@ -3,7 +3,7 @@
     labkit bench collectives                       # 4 ranks (one per GPU on a GPU node)
     labkit bench collectives -- --nproc 8 -e 256M -n 20 --plot /tmp/coll.png
 
-Runs the lab `labkit.labs.collectives` (see its docstring for the table's conventions, which are
+Runs the lab `labkit.labs.collectives` (docs/labs.md gives the table's conventions, which are
 nccl-tests') under labkit.runtime.launch.run_lab: prints the algbw/busbw table per op, the alpha-beta fit
 of each op (and what it means as the ring model's latency and link bandwidth), and saves the
 plot (default: collectives.png in a new private temporary directory). Every other flag goes to the lab.

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from labkit.labs.common.exercise import _Refused, _load, export_function, point_to_point_only
+from labkit.labs.common.exercise import Refused, load_source, export_function, point_to_point_only
 
 OPS = ("all_reduce", "all_gather")
 DEFAULT_BYTES = 4 * 2**20
@@ -176,7 +176,7 @@ def _call(fn, op, x, refusals: list, func: str):
     try:
         with point_to_point_only(func, refusals):
             ret = fn(y)
-    except _Refused:
+    except Refused:
         return None, refusals[0]
     if refusals:
         return None, refusals[0]
@@ -238,7 +238,7 @@ def main(argv=None) -> None:
 
     ctx = dist.setup(backend="gloo")     # the byte count reads this process's socket writes
     n, rank = ctx.world_size, ctx.rank
-    fn = _load(args.source, args.func)
+    fn = load_source(args.source, args.func)
     elem = 4
     numel = max(1, parse_size(args.bytes) // (elem * n)) * n
     nbytes = numel * elem

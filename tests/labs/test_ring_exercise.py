@@ -123,10 +123,10 @@ def test_collectives_are_refused_inside_and_restored_after():
     before = (dist.all_reduce, vars(dist.ProcessGroup)["allreduce"])
     refusals: list = []
     with shared.point_to_point_only("my_ring", refusals):
-        with pytest.raises(shared._Refused, match="your my_ring calls torch.distributed.all_reduce; "
+        with pytest.raises(shared.Refused, match="your my_ring calls torch.distributed.all_reduce; "
                                                 "write it yourself with dist.isend/dist.irecv"):
             dist.all_reduce(torch.ones(2))
-        with pytest.raises(shared._Refused, match="ProcessGroup.allreduce"):
+        with pytest.raises(shared.Refused, match="ProcessGroup.allreduce"):
             dist.ProcessGroup.allreduce(None, [torch.ones(2)])
         assert dist.isend.__module__ == "torch.distributed.distributed_c10d"   # p2p untouched
     assert len(refusals) == 2

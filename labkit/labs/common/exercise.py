@@ -1,8 +1,8 @@
 """What every exercise runner shares: the learner's function exported with only the code it
 needs (`function_source`, `reduced_source`, `export_function`, `definition_source`), loaded
-again inside the ranks (`_load`), a guard that refuses ready-made collectives
+again inside the ranks (`load_source`), a guard that refuses ready-made collectives
 (`point_to_point_only`), the stub's message, the lab run and where an error points in the
-learner's code (`run_exported`, `_where`), and the comparisons the checks print.
+learner's code (`run_exported`, `where_raised`), and the comparisons the checks print.
 """
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def export_function(fn, directory: str | None = None) -> str:
     return path
 
 
-def _load(source: str, func: str):
+def load_source(source: str, func: str):
     spec = importlib.util.spec_from_file_location("user_collective", source)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -103,14 +103,14 @@ def _load(source: str, func: str):
     return getattr(module, func)
 
 
-class _Refused(Exception):
+class Refused(Exception):
     """The learner's function called a collective."""
 
 
 @contextlib.contextmanager
 def point_to_point_only(func: str, refusals: list):
     """While inside, every collective of torch.distributed (module functions, functional
-    collectives, process-group methods) raises _Refused naming `func`, noted in `refusals`."""
+    collectives, process-group methods) raises Refused naming `func`, noted in `refusals`."""
     import torch.distributed as tdist
     from torch.distributed import distributed_c10d
 
@@ -119,7 +119,7 @@ def point_to_point_only(func: str, refusals: list):
             message = (f"your {func} calls {what}; write it yourself with dist.isend/dist.irecv "
                        "(only point-to-point messages)")
             refusals.append(message)
-            raise _Refused(message)
+            raise Refused(message)
         return refused
 
     modules = [tdist, distributed_c10d, sys.modules.get("torch.distributed._functional_collectives")]
@@ -193,7 +193,7 @@ def run_exported(obj, lab: str, nproc: int, timeout: float, quiet: bool, args: l
 
 
 
-def _where(exc: BaseException, source: str) -> str:
+def where_raised(exc: BaseException, source: str) -> str:
     """'X: msg (in function: the line)' for an exception from the learner's code (the line's
     text, not its number: the exported source is the cell without its calls)."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == source]
@@ -204,7 +204,7 @@ def _where(exc: BaseException, source: str) -> str:
 
 
 
-def _diff(got: dict, want: dict) -> tuple[float, str]:
+def relative_diff(got: dict, want: dict) -> tuple[float, str]:
     """Largest |got - want| relative to want's largest value, and the name where it is."""
     worst, where = 0.0, ""
     for k, w in want.items():
@@ -215,7 +215,7 @@ def _diff(got: dict, want: dict) -> tuple[float, str]:
 
 
 
-def _counted(fn, kinds: list):
+def counted_calls(fn, kinds: list):
     from labkit.runtime.measure import CollectiveCounter
     with CollectiveCounter() as c:
         out = fn()
@@ -224,11 +224,11 @@ def _counted(fn, kinds: list):
 
 
 
-def _state(model) -> dict:
+def state_of(model) -> dict:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def _check_nproc(nproc) -> int:
+def check_nproc(nproc) -> int:
     from labkit.validate import positive_int
 
     nproc = positive_int("nproc", nproc, 8)
@@ -239,7 +239,7 @@ def _check_nproc(nproc) -> int:
 
 
 
-def _collectives(fn) -> dict:
+def collectives_of(fn) -> dict:
     """{kind: [count, payload bytes, dtypes]} of what `fn()` issues."""
     from labkit.runtime.measure import CollectiveCounter
 

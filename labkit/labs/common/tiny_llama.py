@@ -28,7 +28,7 @@ def batch(step: int, rows: int):
     return torch.randint(0, SPEC.vocab_size, (rows, SEQ), generator=g)
 
 
-def _step(model, opt, tokens) -> float:
+def plain_step(model, opt, tokens) -> float:
     opt.zero_grad(set_to_none=True)
     loss = model(input_ids=tokens, labels=tokens).loss
     loss.backward()

@@ -37,7 +37,7 @@ def tiny_lm(seed: int, device="cpu") -> TinyLM:
     return TinyLM().to(device)
 
 
-def _batch(step: int, rows: int, vocab: int, device):
+def lm_batch(step: int, rows: int, vocab: int, device):
     g = torch.Generator().manual_seed(SEED * 1000 + step)
     tokens = torch.randint(0, vocab, (rows, SEQ + 1), generator=g).to(device)
     return tokens[:, :-1], tokens[:, 1:]

@@ -3,7 +3,7 @@ with numbers: `DDPCheck`, which `run_user_ddp` returns and module 03's check cel
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from labkit.labs.common.checks import RTOL, _first_bad, _kinds, _worst
+from labkit.labs.common.checks import RTOL, first_bad, kinds_text, worst_ranks
 
 
 
@@ -50,9 +50,9 @@ class DDPCheck:
             refused=next((r["refused"] for r in rs if r["refused"]), ""),
             has_module=all(r["has_module"] for r in rs), construct_diff=by["construct_diff"],
             construct_where=by["construct_where"], grad_ratio=first["grad_ratio"],
-            grad_diff=_worst(rs, "grad_diff"), grad_unsynced=first["grad_unsynced"],
-            grad_where=first["grad_where"], diff_ddp=_worst(rs, "diff_ddp"),
-            diff_single=_worst(rs, "diff_single"), update_ratio=first["update_ratio"],
+            grad_diff=worst_ranks(rs, "grad_diff"), grad_unsynced=first["grad_unsynced"],
+            grad_where=first["grad_where"], diff_ddp=worst_ranks(rs, "diff_ddp"),
+            diff_single=worst_ranks(rs, "diff_single"), update_ratio=first["update_ratio"],
             frozen_diff=max(r["frozen_diff"] for r in rs),
             all_reduces=[tuple(k.get("all_reduce", (0, 0))) for k in first["collectives"]],
             collectives=[{k: tuple(v) for k, v in c.items()} for c in first["collectives"]],
@@ -111,7 +111,7 @@ class DDPCheck:
             out["gradients"] = out["parameters"] = ("not compared: the replicas did not start "
                                                     "equal (" + out["broadcast"] + ")")
             return
-        step = _first_bad(self.grad_diff)
+        step = first_bad(self.grad_diff)
         if step is not None:
             ratio = self.grad_ratio[step]
             why = ("they are still each rank's own: nothing was all-reduced"
@@ -123,7 +123,7 @@ class DDPCheck:
                                 f"gradients differ from torch DDP's by up to "
                                 f"{self.grad_diff[step]:.3g} of the largest, in "
                                 f"{self.grad_where[step]!r}; {why}")
-        step = _first_bad(self.diff_single)
+        step = first_bad(self.diff_single)
         if step is not None:
             out["parameters"] = (f"after step {step + 1}, parameters differ from one process "
                                  f"trained on the whole batch by up to "
@@ -137,7 +137,7 @@ class DDPCheck:
 
     def _accumulate_verdicts(self, out: dict) -> None:
         m = self.micro
-        step = _first_bad(self.diff_single)
+        step = first_bad(self.diff_single)
         if step is not None:
             ratio = self.update_ratio[step]
             why = (f"the {m} micro-batches: divide each micro-batch's loss by {m}"
@@ -160,13 +160,13 @@ class DDPCheck:
     def summary(self) -> str:
         lines = [f"{self.name} ({self.task}) on {self.world_size} ranks, {self.steps} steps:"]
         if self.task == "wrapper":
-            lines.append(f"  at construction: {_kinds(self.construct_collectives)}")
+            lines.append(f"  at construction: {kinds_text(self.construct_collectives)}")
         for s, kinds in enumerate(self.collectives):
             torch_ = (f"; torch DDP: {self.torch_all_reduces[s][0]} all-reduce(s), "
                       f"{self.torch_all_reduces[s][1]:,} B" if self.torch_all_reduces else "")
             diff = self.diff_ddp if self.task == "wrapper" else self.diff_single
             shown = "n/a" if s >= len(diff) or diff[s] is None else f"{diff[s]:.2g}"
-            lines.append(f"  step {s + 1}: {_kinds(kinds)}{torch_}; parameters vs "
+            lines.append(f"  step {s + 1}: {kinds_text(kinds)}{torch_}; parameters vs "
                          f"{'torch DDP' if self.task == 'wrapper' else 'one process'}: {shown}")
         if self.task == "wrapper":
             lines.append(f"  trainable parameters: {self.trainable_tensors} tensors, "

@@ -21,8 +21,8 @@ from torch import nn
 from labkit.labs.common import exercise as shared
 from labkit.labs.common.checks import ATOL
 from labkit.labs.ddp.check import DDPCheck
-from labkit.labs.common.exercise import _counted, _diff, _state, _where, run_exported, stub_message
-from labkit.labs.common.tiny_lm import LR, ROWS, SEED, TinyLM, _batch, tiny_lm
+from labkit.labs.common.exercise import counted_calls, relative_diff, state_of, where_raised, run_exported, stub_message
+from labkit.labs.common.tiny_lm import LR, ROWS, SEED, TinyLM, lm_batch, tiny_lm
 
 TASKS = ("wrapper", "accumulate")
 DEFAULT_TIMEOUT = 45          # seconds; a correct run takes ~1 s once the pool is warm
@@ -123,9 +123,9 @@ def _refused(wrapper, name: str) -> str:
 def _wrapper_task(user, args, ctx, out: dict) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
     n, dev = ctx.world_size, ctx.device
-    initial = _state(tiny_lm(SEED, dev))                      # rank 0's model before training
+    initial = state_of(tiny_lm(SEED, dev))                      # rank 0's model before training
     model, kinds = tiny_lm(SEED + ctx.rank, dev), []
-    wrapper = _counted(lambda: user(model), kinds)
+    wrapper = counted_calls(lambda: user(model), kinds)
     out["construct_collectives"] = kinds.pop()
     out["refused"] = _refused(wrapper, args.name)
     if out["refused"]:
@@ -133,14 +133,14 @@ def _wrapper_task(user, args, ctx, out: dict) -> None:
     module = getattr(wrapper, "module", None)
     out["has_module"] = isinstance(module, nn.Module)
     module = module if out["has_module"] else model
-    start = _state(module)
-    out["construct_diff"], out["construct_where"] = _diff(start, initial)
+    start = state_of(module)
+    out["construct_diff"], out["construct_where"] = relative_diff(start, initial)
     torch_ddp = DDP(tiny_lm(SEED + ctx.rank, dev), forward_sync_buffers=False)
     single = tiny_lm(SEED, dev)
     opts = [torch.optim.SGD(m.parameters(), lr=LR) for m in (module, torch_ddp, single)]
     frozen = {k: v for k, v in start.items() if k.startswith("frozen.")}
     for step in range(args.steps):
-        x, y = _batch(step, ROWS * n, single.embed.num_embeddings, dev)
+        x, y = lm_batch(step, ROWS * n, single.embed.num_embeddings, dev)
         mine = slice(ctx.rank * ROWS, (ctx.rank + 1) * ROWS)
         for opt in opts:
             opt.zero_grad(set_to_none=True)
@@ -150,9 +150,9 @@ def _wrapper_task(user, args, ctx, out: dict) -> None:
             local = {k: p.grad.clone() for k, p in _trainable(module).items() if p.grad is not None}
             wrapper.finish_gradient_synchronization()
             return local
-        local = _counted(backward_and_sync, kinds)
+        local = counted_calls(backward_and_sync, kinds)
         torch_kinds: list = []
-        _counted(lambda: torch_ddp(x[mine], y[mine]).backward(), torch_kinds)
+        counted_calls(lambda: torch_ddp(x[mine], y[mine]).backward(), torch_kinds)
         out["torch_all_reduces"].append(torch_kinds[0].get("all_reduce", (0, 0)))
         single(x, y).backward()
         mine_g = {k: p.grad for k, p in _trainable(module).items()}
@@ -162,16 +162,16 @@ def _wrapper_task(user, args, ctx, out: dict) -> None:
             out["error"] = (f"after finish_gradient_synchronization(), {missing} have no "
                             "gradient (p.grad is None): average the gradients in place")
             return
-        for key, value in zip(("grad_diff", "grad_where"), _diff(mine_g, want_g)):
+        for key, value in zip(("grad_diff", "grad_where"), relative_diff(mine_g, want_g)):
             out[key].append(value)
         out["grad_ratio"].append(_ratio(mine_g, want_g))
-        out["grad_unsynced"].append(_diff(mine_g, local)[0] <= ATOL and n > 1)
-        before = _state(single)
+        out["grad_unsynced"].append(relative_diff(mine_g, local)[0] <= ATOL and n > 1)
+        before = state_of(single)
         for opt in opts:
             opt.step()
-        mine_p, single_p = _state(module), _state(single)
-        out["diff_ddp"].append(_diff(mine_p, _state(torch_ddp.module))[0])
-        out["diff_single"].append(_diff(mine_p, single_p)[0])
+        mine_p, single_p = state_of(module), state_of(single)
+        out["diff_ddp"].append(relative_diff(mine_p, state_of(torch_ddp.module))[0])
+        out["diff_single"].append(relative_diff(mine_p, single_p)[0])
         out["update_ratio"].append(_ratio({k: mine_p[k] - before[k] for k in before},
                                           {k: single_p[k] - before[k] for k in before}))
         out["frozen_diff"] = max(float((mine_p[k] - v).abs().max()) for k, v in frozen.items())
@@ -186,22 +186,22 @@ def _accumulate_task(user, args, ctx, out: dict) -> None:
     vocab = single.embed.num_embeddings
     warm: list = []          # plain backwards: DDP rebuilds its buckets at the second
     for _ in range(2):
-        _counted(lambda: model(*_batch(-1, ROWS, vocab, dev)).backward(), warm)
+        counted_calls(lambda: model(*lm_batch(-1, ROWS, vocab, dev)).backward(), warm)
     out["per_backward"] = warm[-1].get("all_reduce", (0, 0))
     opt, opt_single, kinds = (torch.optim.SGD(model.parameters(), lr=LR),
                               torch.optim.SGD(single.parameters(), lr=LR), [])
     for step in range(args.steps):
-        x, y = _batch(step, ROWS * m * n, vocab, dev)
+        x, y = lm_batch(step, ROWS * m * n, vocab, dev)
         mine = [slice((ctx.rank * m + i) * ROWS, (ctx.rank * m + i + 1) * ROWS) for i in range(m)]
         micro = [(x[rows], y[rows]) for rows in mine]
         opt.zero_grad(set_to_none=True)
         opt_single.zero_grad(set_to_none=True)
-        before, mine_before = _state(single), _state(model.module)
-        _counted(lambda: user(model, opt, micro), kinds)
+        before, mine_before = state_of(single), state_of(model.module)
+        counted_calls(lambda: user(model, opt, micro), kinds)
         single(x, y).backward()
         opt_single.step()
-        mine_p, single_p = _state(model.module), _state(single)
-        out["diff_single"].append(_diff(mine_p, single_p)[0])
+        mine_p, single_p = state_of(model.module), state_of(single)
+        out["diff_single"].append(relative_diff(mine_p, single_p)[0])
         out["update_ratio"].append(_ratio({k: mine_p[k] - mine_before[k] for k in before},
                                           {k: single_p[k] - before[k] for k in before}))
         out["frozen_diff"] = max(float((mine_p[k] - mine_before[k]).abs().max())
@@ -220,7 +220,7 @@ def main(argv=None) -> None:
 
     from labkit.runtime import dist
     ctx = dist.setup()
-    user = shared._load(args.source, args.name)
+    user = shared.load_source(args.source, args.name)
     probe = tiny_lm(0)
     trainable = {id(q): q for q in probe.parameters() if q.requires_grad}
     out = {"error": "", "refused": "", "has_module": True, "construct_diff": 0.0,
@@ -233,7 +233,7 @@ def main(argv=None) -> None:
     try:
         (_wrapper_task if args.task == "wrapper" else _accumulate_task)(user, args, ctx, out)
     except Exception as exc:  # noqa: BLE001 - the learner's code may raise anything
-        out["error"] = f"your {args.name} raised {_where(exc, args.source)}"
+        out["error"] = f"your {args.name} raised {where_raised(exc, args.source)}"
     dist.report(**out)
     dist.print0(f"{args.name} ({args.task}) on {ctx.world_size} ranks: "
                 f"{'raised' if out['error'] else 'ran'}")

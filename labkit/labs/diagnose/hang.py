@@ -17,7 +17,7 @@ import torch
 import torch.distributed as tdist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from labkit.labs.common.flags import between, positive_int
+from labkit.labs.common.flags import between, check_heads, positive_int
 from labkit.labs.common.training import build_model, trainable
 from labkit.runtime import dist
 
@@ -93,9 +93,7 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=between(1e-9, 10, "a learning rate"), default=0.1)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    if args.hidden % args.heads:
-        p.error(f"argument --heads: {args.heads} does not divide --hidden {args.hidden}; "
-                f"allowed: a divisor of {args.hidden}")
+    check_heads(p, args, kv=False)
     return args
 
 

@@ -118,7 +118,7 @@ def mean_over_ranks(rows: dict, ctx) -> dict:
 
 
 
-def _payload(comm) -> dict:
+def wire_payload(comm) -> dict:
     """{op: (calls, payload bytes S)} from a labkit.comm.StepComm."""
     out: dict = {}
     for c in comm.collectives:

@@ -21,9 +21,9 @@ import torch
 
 from labkit.labs.common import exercise as shared
 from labkit.labs.fsdp.check import ResumeCheck, WrapCheck
-from labkit.labs.common.exercise import _where, run_exported, stub_message
-from labkit.labs.common.exercise import _check_nproc, _collectives
-from labkit.labs.common.tiny_llama import LR, ROWS, SEED, SGD_LR, SPEC, _step, batch, build, full_params, max_diff
+from labkit.labs.common.exercise import where_raised, run_exported, stub_message
+from labkit.labs.common.exercise import check_nproc, collectives_of
+from labkit.labs.common.tiny_llama import LR, ROWS, SEED, SGD_LR, SPEC, plain_step, batch, build, full_params, max_diff
 
 TASKS = ("wrap", "policy", "resume")
 DEFAULT_TIMEOUT = 60          # seconds; a correct run takes a few seconds once the pool is warm
@@ -55,7 +55,7 @@ def run_user_wrap(fn, nproc: int = 4, timeout: float = DEFAULT_TIMEOUT,
     parameter bytes, the collectives of a step after a warm-up one (CollectiveCounter: count,
     payload bytes, dtype of every all-gather and reduce-scatter), and, after 3 steps, the full
     parameters against one process trained on the whole batch."""
-    nproc = _check_nproc(nproc)
+    nproc = check_nproc(nproc)
     _function("run_user_wrap", fn)
     _stub(fn, torch.nn.Linear(2, 2))
     res = run_exported(fn, "labkit.labs.fsdp.exercise", nproc, timeout, quiet,
@@ -76,7 +76,7 @@ def run_user_policy(policy, nproc: int = 2, timeout: float = DEFAULT_TIMEOUT,
 
     from labkit.runtime.launch import run_lab
 
-    nproc = _check_nproc(nproc)
+    nproc = check_nproc(nproc)
     if not isinstance(policy, MixedPrecisionPolicy):
         raise ValueError(f"run_user_policy takes a torch.distributed.fsdp.MixedPrecisionPolicy; "
                          f"received {policy!r} (a {type(policy).__name__})")
@@ -104,7 +104,7 @@ def run_user_resume(save, load, nproc: int = 2, steps: int = 6, save_at: int = 3
     after the load against those saved, and the files the save wrote."""
     from labkit.validate import positive_int
 
-    nproc = _check_nproc(nproc)
+    nproc = check_nproc(nproc)
     steps, save_at = positive_int("steps", steps, 50), positive_int("save_at", save_at, 50)
     if save_at >= steps:
         raise ValueError(f"save_at={save_at} must be below steps={steps}: some steps must "
@@ -139,8 +139,8 @@ def train_step(model, opt, step: int, rank: int, world: int, whole: bool = False
 
     tokens = batch(step, ROWS * world)
     if whole:
-        return _step(model, opt, tokens)
-    loss = _step(model, opt, tokens[rank * ROWS:(rank + 1) * ROWS])
+        return plain_step(model, opt, tokens)
+    loss = plain_step(model, opt, tokens[rank * ROWS:(rank + 1) * ROWS])
     mean = torch.tensor(loss)
     dist.all_reduce(mean)
     return float(mean) / world
@@ -171,7 +171,7 @@ def _wrap_task(shard, args, ctx, out: dict) -> None:
     opt1 = torch.optim.SGD(single.parameters(), lr=SGD_LR)
     for step in range(3):
         if step == 1:
-            out["collectives"] = _collectives(
+            out["collectives"] = collectives_of(
                 lambda: train_step(model, opt, step, ctx.rank, ctx.world_size))
         else:
             train_step(model, opt, step, ctx.rank, ctx.world_size)
@@ -227,13 +227,13 @@ def main(argv=None) -> None:
         if args.task == "policy":
             _wrap_task(None, args, ctx, out)
         elif args.task == "wrap":
-            _wrap_task(shared._load(args.source, args.name), args, ctx, out)
+            _wrap_task(shared.load_source(args.source, args.name), args, ctx, out)
         else:
-            _resume_task(shared._load(args.source, args.name),
-                         shared._load(args.source, args.load_name), args, ctx, out)
+            _resume_task(shared.load_source(args.source, args.name),
+                         shared.load_source(args.source, args.load_name), args, ctx, out)
     except Exception as exc:  # noqa: BLE001 - the learner's code may raise anything
         who = " / ".join(n for n in (args.name, args.load_name) if n) or "policy"
-        out["error"] = f"your {who} raised {_where(exc, args.source)}"
+        out["error"] = f"your {who} raised {where_raised(exc, args.source)}"
     dist.report(**out)
     dist.print0(f"{args.task} on {ctx.world_size} ranks: {'raised' if out['error'] else 'ran'}")
     dist.shutdown()

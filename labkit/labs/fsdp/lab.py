@@ -20,7 +20,7 @@ import time
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from labkit.labs.fsdp import options as options
-from labkit.labs.fsdp.build import adamw, build, mean_over_ranks, _payload
+from labkit.labs.fsdp.build import adamw, build, mean_over_ranks, wire_payload
 from labkit.labs.common.training import barrier, global_batch, median, shard
 from labkit.labs.common.flags import between, check_heads, run_and_report, positive_int
 from labkit.labs.common.flags import model_flags
@@ -92,7 +92,7 @@ def run_compare(args, ctx) -> dict:
     for kind in models:
         measured = {t: getattr(held[kind], t) for t in TERMS}
         comm = predicted_comm[kind]
-        want = {op: {"calls": c, "bytes": b} for op, (c, b) in _payload(comm).items()}
+        want = {op: {"calls": c, "bytes": b} for op, (c, b) in wire_payload(comm).items()}
         got = {op: {"calls": c, "bytes": b} for op, (c, b) in counted[kind].items()}
         out["stages"][kind] = dict(
             measured=measured, by_rank=gathered([measured[t] for t in TERMS], ctx),

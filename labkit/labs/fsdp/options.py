@@ -16,7 +16,7 @@ import warnings
 
 import torch
 
-from labkit.labs.fsdp.build import GatheredPeak, adamw, build
+from labkit.labs.fsdp.build import GatheredPeak, adamw, build, wire_payload
 from labkit.runtime import measure
 
 OPTIONS = {"whole": dict(per_block=False), "keep": dict(reshard_after_forward=False),
@@ -83,11 +83,6 @@ def _tracker_peak(model, opt, step) -> dict:
         step()
     peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
     return {str(getattr(k, "value", k)): v for k, v in peak.items()}
-
-
-def _payload(comm) -> dict:
-    from labkit.labs.fsdp.build import _payload as payload
-    return payload(comm)
 
 
 def run_options(args, ctx) -> dict:
@@ -162,7 +157,7 @@ def run_options(args, ctx) -> dict:
         mp = dict(param_dtype=dtype, reduce_dtype=reduce)
         shape = dict(per_block=kw.get("per_block", True),
                      reshard_after_forward=kw.get("reshard_after_forward", True))
-        want = _payload(fsdp_communication(spec, N, **shape, **mp))
+        want = wire_payload(fsdp_communication(spec, N, **shape, **mp))
         got = comm.by_kind
         mem = fsdp_memory(spec, N, **shape, **mp, prefetch=kw.get("prefetch", 0),
                           offload=kw.get("offload", False))
@@ -265,7 +260,7 @@ def run_fsdp1(args, ctx) -> dict:
                layers=args.layers, losses=mean_over_ranks(losses, ctx),
                fsdp1_warnings=sorted(set(caught)), results={})
     for name in models:
-        want = _payload(fsdp_communication(spec, ctx.world_size,
+        want = wire_payload(fsdp_communication(spec, ctx.world_size,
                                            reshard_after_forward=name != "shard_grad_op"))
         got = counted[name]
         out["results"][name] = dict(

@@ -23,7 +23,7 @@ import torch
 from labkit.labs.common import exercise as shared
 from labkit.labs.pp.check import GPipeCheck
 from labkit.labs.pp.check import SEED, LAYERS, HIDDEN, ROWS, MICROBATCHES  # the exercise's sizes
-from labkit.labs.common.exercise import _check_nproc, run_exported, stub_message, _where
+from labkit.labs.common.exercise import check_nproc, run_exported, stub_message, where_raised
 
 DEFAULT_TIMEOUT = 45          # seconds; a correct run takes about a second once the pool is warm
 MAX_MICROBATCHES = 32
@@ -55,7 +55,7 @@ def run_user_gpipe(fn, nproc: int = 2, microbatches: int = MICROBATCHES,
     pipeline needs only point-to-point messages."""
     from labkit.validate import positive_int
 
-    nproc = _check_nproc(nproc)
+    nproc = check_nproc(nproc)
     m = positive_int("microbatches", microbatches, MAX_MICROBATCHES)
     if not inspect.isfunction(fn):
         raise ValueError(f"run_user_gpipe takes a function fn(stage, inputs, targets, loss_fn, "
@@ -181,7 +181,7 @@ def _gpipe_task(fn, ctx, m: int, out: dict) -> None:
     try:
         with shared.point_to_point_only(fn.__name__, refusals), p2p_log(log):
             loss = fn(stage, list(inputs), list(targets), loss_fn, (ROWS, HIDDEN))
-    except shared._Refused:
+    except shared.Refused:
         out["error"] = refusals[0]
         return
     finally:
@@ -209,9 +209,9 @@ def main(argv=None) -> None:
     torch.set_default_dtype(torch.float64)
     out = {"error": "", "rank": ctx.rank}
     try:
-        _gpipe_task(shared._load(args.source, args.name), ctx, args.microbatches, out)
+        _gpipe_task(shared.load_source(args.source, args.name), ctx, args.microbatches, out)
     except Exception as exc:  # noqa: BLE001 - the learner's code may raise anything
-        out["error"] = f"your {args.name} raised {_where(exc, args.source)}"
+        out["error"] = f"your {args.name} raised {where_raised(exc, args.source)}"
     dist.report(**out)
     dist.print0(f"gpipe on {ctx.world_size} ranks: {'raised' if out['error'] else 'ran'}")
     dist.shutdown()

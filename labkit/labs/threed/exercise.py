@@ -19,9 +19,9 @@ import torch
 
 from labkit.labs.common import exercise as shared
 from labkit.labs.threed.check import TwoDCheck, layer_linear
-from labkit.labs.common.exercise import _where, run_exported, stub_message
+from labkit.labs.common.exercise import where_raised, run_exported, stub_message
 from labkit.labs.common.tiny_llama import SEED, ROWS, batch, build
-from labkit.labs.common.tiny_llama import SGD_LR, _step, full_params, max_diff
+from labkit.labs.common.tiny_llama import SGD_LR, plain_step, full_params, max_diff
 
 DEFAULT_TIMEOUT = 90          # seconds; a correct run takes a few seconds once the pool is warm
 TP = 2                        # the tensor-parallel degree: SPEC's 2 KV heads allow 2 at most
@@ -99,7 +99,7 @@ def _train(model, opt, step, dp_rank, dp) -> float:
     import torch.distributed as dist
 
     tokens = batch(step, ROWS * dp)[dp_rank * ROWS:(dp_rank + 1) * ROWS]
-    loss = torch.tensor(_step(model, opt, tokens))
+    loss = torch.tensor(plain_step(model, opt, tokens))
     dist.all_reduce(loss)
     return float(loss) / dist.get_world_size()
 
@@ -126,7 +126,7 @@ def _2d_task(fn, ctx, out: dict) -> None:
     out["losses"], out["single_losses"] = [], []
     for step in range(STEPS):
         out["losses"].append(_train(model, opt, step, dp_rank, dp))
-        out["single_losses"].append(_step(single, opt1, batch(step, ROWS * dp)))
+        out["single_losses"].append(plain_step(single, opt1, batch(step, ROWS * dp)))
     out["diff_single"] = max_diff(full_params(model), full_params(single))
 
 
@@ -141,9 +141,9 @@ def main(argv=None) -> None:
     torch.set_num_threads(1)
     out = {"error": ""}
     try:
-        _2d_task(shared._load(args.source, args.name), ctx, out)
+        _2d_task(shared.load_source(args.source, args.name), ctx, out)
     except Exception as exc:  # noqa: BLE001 - the learner's code may raise anything
-        out["error"] = f"your {args.name} raised {_where(exc, args.source)}"
+        out["error"] = f"your {args.name} raised {where_raised(exc, args.source)}"
     dist.report(**out)
     dist.print0(f"2D on {ctx.world_size} ranks: {'raised' if out['error'] else 'ran'}")
     dist.shutdown()

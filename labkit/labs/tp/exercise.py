@@ -24,7 +24,7 @@ import torch
 from labkit.labs.common import exercise as shared
 from labkit.labs.tp.check import ConjugateCheck, LinearCheck
 from labkit.labs.tp.check import FFN, HIDDEN, ROWS, SEED, SEQ, SHAPES  # noqa: F401  (the exercise's sizes; notebooks import them from here)
-from labkit.labs.common.exercise import _check_nproc, _collectives, stub_message, _where
+from labkit.labs.common.exercise import check_nproc, collectives_of, stub_message, where_raised
 
 TASKS = ("conjugates", "column", "row")
 DEFAULT_TIMEOUT = 45          # seconds; a correct run takes about a second once the pool is warm
@@ -50,7 +50,7 @@ def run_user_conjugates(F, G, nproc: int = 2, timeout: float = DEFAULT_TIMEOUT,
     (CollectiveCounter). Layout [s, b, h] (Megatron's): SEQ x ROWS x width. Every value is a
     small whole number (the inputs, the upstream gradients, the Linear's weights and bias), so
     every sum is exact in fp32 whatever its order, and "equal" means equal."""
-    nproc = _check_nproc(nproc)
+    nproc = check_nproc(nproc)
     _autograd_function("run_user_conjugates's F", F)
     _autograd_function("run_user_conjugates's G", G)
     if source_file(F) != source_file(G):
@@ -136,7 +136,7 @@ def _launch(obj, uses, nproc, timeout, quiet, args, hang):
 
 
 def _run_linear(kind, cls, uses, nproc, timeout, quiet) -> LinearCheck:
-    nproc = _check_nproc(nproc)
+    nproc = check_nproc(nproc)
     label = f"run_user_{kind}"
     if not (inspect.isclass(cls) and issubclass(cls, torch.nn.Module)):
         raise ValueError(f"{label} takes a torch.nn.Module subclass (your layer, built as "
@@ -176,7 +176,7 @@ def full_linear(kind: str) -> torch.nn.Linear:
 
 def _measure(fn) -> tuple:
     box = []
-    return _collectives(lambda: box.append(fn())), box[0] if box else None
+    return collectives_of(lambda: box.append(fn())), box[0] if box else None
 
 
 def _conjugates_task(F, G, ctx, out: dict) -> None:
@@ -273,13 +273,13 @@ def main(argv=None) -> None:
     out = {"error": ""}
     try:
         if args.task == "conjugates":
-            _conjugates_task(shared._load(args.source, args.name),
-                             shared._load(args.source, args.g_name), ctx, out)
+            _conjugates_task(shared.load_source(args.source, args.name),
+                             shared.load_source(args.source, args.g_name), ctx, out)
         else:
-            _linear_task(shared._load(args.source, args.name), args.task, ctx, out)
+            _linear_task(shared.load_source(args.source, args.name), args.task, ctx, out)
     except Exception as exc:  # noqa: BLE001 - the learner's code may raise anything
         who = " / ".join(n for n in (args.name, args.g_name) if n)
-        out["error"] = f"your {who} raised {_where(exc, args.source)}"
+        out["error"] = f"your {who} raised {where_raised(exc, args.source)}"
     dist.report(**out)
     dist.print0(f"{args.task} on {ctx.world_size} ranks: {'raised' if out['error'] else 'ran'}")
     dist.shutdown()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from labkit.labs.common.checks import _first_bad, _kinds, _worst
+from labkit.labs.common.checks import first_bad, kinds_text, worst_ranks
 
 REDUCE_KINDS = ("reduce", "reduce_scatter", "all_reduce")     # collectives that sum gradients
 SEND_KINDS = ("broadcast", "all_gather")                       # ... that send parameters
@@ -32,7 +32,7 @@ class ZeroCheck:
         return cls(name=name, world_size=len(rs), steps=steps,
                    error=next((r["error"] for r in rs if r["error"]), ""),
                    refused=next((r["refused"] for r in rs if r["refused"]), ""),
-                   diff_single=_worst(rs, "diff_single"),
+                   diff_single=worst_ranks(rs, "diff_single"),
                    collectives=[{k: tuple(v) for k, v in c.items()}
                                 for c in rs[0]["collectives"]],
                    held=[list(r["held"]) for r in rs], state_bytes=[r["state_bytes"] for r in rs],
@@ -72,7 +72,7 @@ class ZeroCheck:
         if fatal:
             return dict.fromkeys(aspects, fatal)
         out = dict.fromkeys(aspects, "")
-        step = _first_bad(self.diff_single)
+        step = first_bad(self.diff_single)
         if step is not None:
             why = ("the gradients were never reduced: each rank stepped on its own"
                    if not self.reduced_bytes[step] else
@@ -121,7 +121,7 @@ class ZeroCheck:
         for s, kinds in enumerate(self.collectives):
             diff = self.diff_single[s] if s < len(self.diff_single) else None
             shown = "n/a" if diff is None else f"{diff:.2g}"
-            lines.append(f"  step {s + 1}: {_kinds(kinds)}; parameters vs one process: {shown}")
+            lines.append(f"  step {s + 1}: {kinds_text(kinds)}; parameters vs one process: {shown}")
         lines.append(f"  trainable parameters: {len(self.sizes)} tensors, "
                      f"{self.trainable_bytes:,} B; AdamW state of one replica: "
                      f"{2 * self.trainable_bytes:,} B")

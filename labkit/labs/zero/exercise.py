@@ -17,8 +17,8 @@ import torch
 
 from labkit.labs.common import exercise as shared
 from labkit.labs.zero.check import REDUCE_KINDS, SEND_KINDS, ZeroCheck
-from labkit.labs.common.tiny_lm import ROWS, SEED, _batch, tiny_lm
-from labkit.labs.common.exercise import _counted, _diff, _state, _where, run_exported, stub_message
+from labkit.labs.common.tiny_lm import ROWS, SEED, lm_batch, tiny_lm
+from labkit.labs.common.exercise import counted_calls, relative_diff, state_of, where_raised, run_exported, stub_message
 
 DEFAULT_TIMEOUT = 45          # seconds; a correct run takes ~1 s once the pool is warm
 LR = 1e-2                     # AdamW's learning rate
@@ -128,16 +128,16 @@ def _zero1_task(user, args, ctx, out: dict) -> None:
     opt_single = torch.optim.AdamW(single.parameters(), lr=LR)
     vocab, kinds = single.embed.num_embeddings, []
     for step in range(args.steps):
-        x, y = _batch(step, ROWS * n, vocab, dev)
+        x, y = lm_batch(step, ROWS * n, vocab, dev)
         mine = slice(ctx.rank * ROWS, (ctx.rank + 1) * ROWS)
         for p in model.parameters():
             p.grad = None
         opt_single.zero_grad(set_to_none=True)
         model(x[mine], y[mine]).backward()          # this rank's own gradient
         single(x, y).backward()
-        _counted(opt.step, kinds)
+        counted_calls(opt.step, kinds)
         opt_single.step()
-        out["diff_single"].append(_diff(_state(model), _state(single))[0])
+        out["diff_single"].append(relative_diff(state_of(model), state_of(single))[0])
     out["collectives"] = kinds
     out["held"], out["state_bytes"] = _held_state(opt, params)
 
@@ -151,14 +151,14 @@ def main(argv=None) -> None:
 
     from labkit.runtime import dist
     ctx = dist.setup()
-    user = shared._load(args.source, args.name)
+    user = shared.load_source(args.source, args.name)
     trainable = [q for q in tiny_lm(0).parameters() if q.requires_grad]
     out = {"error": "", "refused": "", "diff_single": [], "collectives": [], "held": [],
            "state_bytes": 0, "sizes": [q.numel() * q.element_size() for q in trainable]}
     try:
         _zero1_task(user, args, ctx, out)
     except Exception as exc:  # noqa: BLE001 - the learner's code may raise anything
-        out["error"] = f"your {args.name} raised {_where(exc, args.source)}"
+        out["error"] = f"your {args.name} raised {where_raised(exc, args.source)}"
     dist.report(**out)
     dist.print0(f"{args.name} on {ctx.world_size} ranks: {'raised' if out['error'] else 'ran'}")
     dist.shutdown()

@@ -1,0 +1,11 @@
+"""notebooks/06_tensor_parallel.ipynb as a learner runs it (Run All, a busy laptop): see learner_eye.py."""
+import pytest
+
+from learner_eye import run_lesson
+
+
+@pytest.mark.notebook
+@pytest.mark.slow
+def test_tensor_parallel_runs_as_a_learner_sees_it():
+    problems = run_lesson("06_tensor_parallel.ipynb")
+    assert not problems, "\n".join(problems)

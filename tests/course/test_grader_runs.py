@@ -163,7 +163,11 @@ def test_a_loop_in_c_code_is_killed_at_the_limit_and_nothing_is_left(tmp_path):
                          env=env, timeout=2 + kernel.KILL_GRACE + 60)
     took = time.monotonic() - start
     assert out.returncode == 1, out.stdout + out.stderr
-    assert took < 2 + kernel.KILL_GRACE + 25, took   # kernel start on a loaded machine included
+    # Without the kill the loop runs for hours; the kernel's start and the template's other cells
+    # took up to 33 s in all at load 10 on 2 cores, so the bound is minutes, not seconds.
+    assert took < 2 + kernel.KILL_GRACE + 50, (
+        f"grading took {took:.1f} s in all (kernel start and other cells included): the loop "
+        f"should have been killed {kernel.KILL_GRACE:g} s after the 2 s limit")
     assert "exercise ex2 ran past the time limit of 2 s and did not stop when interrupted" in out.stdout
     assert "layers.1  FAIL" in out.stdout and "the kernel was stopped after exercise ex2" in out.stdout
     assert re.search(r"ex1 +PASS", out.stdout)

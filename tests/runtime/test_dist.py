@@ -101,7 +101,7 @@ def test_a_lab_runs_as_one_process_without_torchrun():
 
 
 def test_setup_seeds_every_generator_and_shutdown_keeps_the_process():
-    code = ("import random, torch; from labkit import dist\n"
+    code = ("import random, torch; from labkit.runtime import dist\n"
             "ctx = dist.setup(seed=7); a = (random.random(), torch.rand(1).item())\n"
             "assert dist.setup() is ctx\n"
             "dist.shutdown(); random.seed(7); torch.manual_seed(7)\n"

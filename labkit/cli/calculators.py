@@ -8,7 +8,7 @@ loudly: the token is still required, and whoever has it gets a Python kernel on 
 
 Port: 8866 (Voila's usual one), or any free port when 8866 is taken; --port N asks for N (an
 error if it is taken) and --port 0 for any free port. The port is chosen here and Voila is told
-not to move off it, so the printed URL is the one that works.
+not to move off it, and the URL is printed once Voila answers on it: the printed URL works.
 """
 from __future__ import annotations
 
@@ -80,7 +80,9 @@ def choose_port(requested: int | None, host: str) -> int:
 def voila_command(port: int, token: str, expose: bool = False) -> list[str]:
     """The Voila command: the app notebook, code hidden, on `port` (no moving to another),
     bound to 127.0.0.1 (0.0.0.0 with expose=True), token required, no browser of its own
-    (`run` opens the URL with the token; Voila's would open a login page)."""
+    (`run` opens the URL with the token; Voila's would open a login page), warnings and errors
+    only (its start-up lines print a URL with the token masked, `?token=...`, before it answers:
+    `run` prints the one to open once it does)."""
     if not str(token).strip():
         raise ValueError("token='' would turn authentication off; allowed: a non-empty token")
     if not 1 <= int(port) <= 65535:
@@ -90,7 +92,7 @@ def voila_command(port: int, token: str, expose: bool = False) -> list[str]:
             f"--Voila.ip={EVERYWHERE if expose else LOCAL}", f"--port={port}",
             "--Voila.port_retries=0", f"--token={token}", "--no-browser",
             "--strip_sources=True", "--show_tracebacks=False",
-            "--theme=light", "--template=lab"]
+            "--theme=light", "--template=lab", "--Voila.log_level=WARN"]
 
 
 def app_urls(port: int, token: str, expose: bool = False) -> list[str]:
@@ -147,30 +149,55 @@ def run(args) -> int:
         print(EXPOSE_WARNING.format(port=port), file=sys.stderr, flush=True)
     urls = app_urls(port, token, expose=args.expose)
     where = "every network interface" if args.expose else "127.0.0.1 only"
-    print(f"Starting the course's calculators (Voila, {where}). Open:", flush=True)
-    for url in urls:
-        print(f"    {url}", flush=True)
-    print("Stop it with Ctrl-C.", flush=True)
-    opener = None if args.no_browser else (lambda proc: _open_when_listening(proc, port, urls[0]))
-    return serve(cmd, cwd=notebook_path().parent, env=_env(), while_starting=opener)
+    print(f"Starting the course's calculators (Voila, {where}) on port {port}; the URL follows "
+          "once it answers (a few seconds).", flush=True)
+
+    def when_starting(proc) -> None:
+        _announce_when_answering(proc, port, urls, open_browser=not args.no_browser)
+    return serve(cmd, cwd=notebook_path().parent, env=_env(), while_starting=when_starting)
 
 
-def _open_when_listening(proc, port: int, url: str, timeout: float = 60.0) -> None:
-    """Open `url` in the learner's browser once the server accepts connections (opening it
-    earlier shows "connection refused")."""
+def answers(port: int, timeout: float = 2.0) -> bool:
+    """Whether an HTTP server answers on 127.0.0.1:`port` (any status: Voila says 403 without
+    the token; a port that accepts connections before the app is up does not count)."""
+    import http.client
+
+    conn = http.client.HTTPConnection(LOCAL, port, timeout=timeout)
+    try:
+        conn.request("HEAD", "/")
+        conn.getresponse()
+        return True
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        conn.close()
+
+
+def _announce_when_answering(proc, port: int, urls: list[str], open_browser: bool = True,
+                             timeout: float = 120.0) -> None:
+    """Print the URLs once the server answers (printed earlier, opening one at once showed
+    "connection refused" for about 4 s), then open the first in the learner's browser. A server
+    that exits first gets its status and the URL it would have served; one that does not answer
+    within `timeout` s gets the URLs with a note that it may still be starting."""
     import time
 
     deadline = time.monotonic() + timeout
-    while proc.poll() is None and time.monotonic() < deadline:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.settimeout(0.5)
-            if s.connect_ex((LOCAL, port)) == 0:
-                try:
-                    webbrowser.open(url)
-                except webbrowser.Error:
-                    pass          # no browser here: the URL is printed above
-                return
+    while proc.poll() is None and time.monotonic() < deadline and not answers(port):
         time.sleep(0.2)
+    if proc.poll() is not None:
+        print(f"labkit calculators: Voila exited (status {proc.poll()}) before it answered on "
+              f"{urls[0]}; its messages are above.", flush=True)
+        return
+    late = "" if answers(port) else f" (not answering yet after {timeout:g} s: still starting?)"
+    print(f"The calculators are ready{late}. Open:", flush=True)
+    for url in urls:
+        print(f"    {url}", flush=True)
+    print("Stop it with Ctrl-C.", flush=True)
+    if open_browser:
+        try:
+            webbrowser.open(urls[0])
+        except webbrowser.Error:
+            pass                   # no browser here: the URL is printed above
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,7 +7,8 @@ checked by the bank, then the worked explanation; at the end the score by topic 
     labkit quiz --list                           # questions per topic and difficulty
     printf '12.5\\nb\\n' | labkit quiz --count 2 --seed 7    # answers piped in
 
-Exit 0 after a session (or --list), 2 on bad arguments. Piped answers and seeds: `run`.
+A line that is no answer (empty, not a number, not an option) is not scored: it says why and
+asks again. Exit 0 after a session (or --list), 2 on bad arguments. Piping, seeds: `run`.
 """
 from __future__ import annotations
 
@@ -103,9 +104,9 @@ def _print_verdict(a, v, out) -> None:
     print(f"[{'right' if v.correct else 'wrong'}] {v.message}", file=out)
     print(f"Answer: {a.expected_text}", file=out)
     print(a.explanation, file=out)
-    claim = a.seed_claim
+    claim = a.article_claim
     if claim:
-        print(f"A seed article ({claim['source']}) says {claim['wrong']}; that is wrong: "
+        print(f"A popular article, {claim['source']}, says {claim['wrong']}; that is wrong: "
               f"{claim['why']}", file=out)
 
 
@@ -116,37 +117,57 @@ def _is_tty(stream) -> bool:
         return False
 
 
+def _read(stdin) -> str | None:
+    """One line of `stdin`, or None at the end of the input (or on Ctrl-C)."""
+    try:
+        line = stdin.readline()
+    except KeyboardInterrupt:                          # Ctrl-C: stop here, still score
+        return None
+    return line or None
+
+
+def _verdict(a, given: str, elapsed: float, allowed):
+    """The bank's verdict on `given`, or "time up" (wrong) past the `allowed` seconds."""
+    from labkit.quiz import Verdict
+
+    if allowed is not None and elapsed > allowed:
+        return Verdict(correct=False, expected=a.expected, given=given,
+                       message=f"time up: answered after {elapsed:,.1f} s; {allowed:,g} s "
+                       "allowed")
+    return a.check(given)
+
+
 def ask(session: list, stdin, out, allowed=None, clock=time.monotonic) -> list:
-    """Ask each Attempt of `session`, reading one line of `stdin` per question; returns the
+    """Ask each Attempt of `session`, reading a line of `stdin` per answer; returns the
     (Attempt, Verdict) of every question: at the end of the input the rest are unanswered
-    (wrong). With `allowed` seconds, an answer read later than that after its question was
-    printed is wrong ("time up"); `clock` is read then (a test passes a fake one)."""
+    (wrong). A line that is no answer (empty, not a number, not an option) is not scored: the
+    reason is printed and the question asked again, its answer not shown. With `allowed`
+    seconds, an answer read later than that after its question was printed is wrong ("time
+    up"); `clock` is read then (a test passes a fake one)."""
     from labkit.quiz import Verdict
 
     answered = []
     for number, a in enumerate(session, 1):
         _print_question(number, len(session), a, allowed, out)
         shown = clock()
-        try:
-            line = stdin.readline()
-        except KeyboardInterrupt:                      # Ctrl-C: stop here, still score
-            line = ""
-        if not line:                                   # end of input
+        while True:
+            line = _read(stdin)
+            if line is None:                           # end of input
+                break
+            given = line.strip()
+            if not _is_tty(stdin):
+                print(given, file=out)                 # echo a piped answer after the prompt
+            v = _verdict(a, given, clock() - shown, allowed)
+            if v.readable:
+                break
+            print(f"Not an answer yet: {v.message}. Try again.", file=out)
+            print("answer> ", end="", file=out, flush=True)
+        if line is None:
             print("\n(end of input: this question and the rest are unanswered)", file=out)
             answered += [(b, Verdict(correct=False, expected=b.expected, given=None,
                                      message="unanswered (end of input)"))
                          for b in session[number - 1:]]
             break
-        given = line.strip()
-        elapsed = clock() - shown
-        if not _is_tty(stdin):
-            print(given, file=out)                     # echo a piped answer after the prompt
-        if allowed is not None and elapsed > allowed:
-            v = Verdict(correct=False, expected=a.expected, given=given,
-                        message=f"time up: answered after {elapsed:,.1f} s; {allowed:,g} s "
-                        "allowed")
-        else:
-            v = a.check(given)
         answered.append((a, v))
         _print_verdict(a, v, out)
     return answered

@@ -196,6 +196,86 @@ def check_cpu_ram() -> list[Check]:
                        data={"total_bytes": total, "available_bytes": avail})]
 
 
+def _proc_text(pid: str, name: str) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/{name}").read_bytes().decode(errors="replace")
+    except OSError:                  # gone, or another user's
+        return None
+
+
+def _held_bytes(pid: str) -> tuple[int, str] | None:
+    """(bytes, "PSS" or "RSS"): PSS shares each page among the processes that map it (forked
+    ranks share the warm parent's torch), so the sum over processes is what they hold."""
+    for name, key, kind in (("smaps_rollup", "Pss:", "PSS"), ("status", "VmRSS:", "RSS")):
+        for line in (_proc_text(pid, name) or "").splitlines():
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024, kind
+    return None
+
+
+def _is_zygote(argv: list[str]) -> bool:
+    return "labkit.runtime.zygote" in argv
+
+
+def course_processes(root: Path | None = None) -> dict[str, list[dict]]:
+    """The course's Jupyter kernels (ipykernel started in the checkout `root`, or by its .venv)
+    and warm pools (labkit.runtime.zygote's warm parents, not their labs' agents and ranks,
+    which are forked from them and show the same command line), each {"pid", "bytes", "kind"};
+    this user's only (read from /proc: empty where there is none)."""
+    from labkit.course.outline import repo_root
+    root = (root or repo_root()).resolve()
+    found: dict[str, list[dict]] = {"kernels": [], "pools": []}
+    procs = {}                                     # pid: (argv, parent pid)
+    for pid in os.listdir("/proc") if Path("/proc").is_dir() else []:
+        stat = _proc_text(pid, "stat") if pid.isdigit() else None
+        if stat:
+            argv = (_proc_text(pid, "cmdline") or "").split("\0")
+            procs[pid] = (argv, stat.rsplit(")", 1)[1].split()[1])
+    for pid, (argv, ppid) in procs.items():
+        if _is_zygote(argv) and not _is_zygote(procs.get(ppid, ([], ""))[0]):
+            kind = "pools"
+        elif any("ipykernel" in a for a in argv[:3]):
+            try:
+                cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
+            except OSError:
+                continue
+            if not (cwd.is_relative_to(root) or argv[0].startswith(str(root))):
+                continue
+            kind = "kernels"
+        else:
+            continue
+        held = _held_bytes(pid)
+        if held:
+            found[kind].append({"pid": int(pid), "bytes": held[0], "kind": held[1]})
+    return found
+
+
+def check_course_memory(root: Path | None = None) -> Check:
+    """What this course's Jupyter kernels and warm pools hold now: information (each visited
+    notebook keeps a kernel, and each kernel that ran a lab a warm pool, until shut down)."""
+    from labkit.runtime import pool
+    if not Path("/proc").is_dir():
+        return Check("course memory", "info", "unknown (no /proc here)")
+    found = course_processes(root)
+    kinds = sorted({p["kind"] for ps in found.values() for p in ps}) or ["PSS"]
+    parts = []
+    for key, one, many in (("kernels", "Jupyter kernel", "Jupyter kernels"),
+                           ("pools", "warm pool", "warm pools")):
+        n, held = len(found[key]), sum(p["bytes"] for p in found[key])
+        parts.append(f"{n} {one if n == 1 else many} {held / 1e9:.2f} GB "
+                     f"({held / 2**30:.2f} GiB)")
+    try:
+        idle = pool.idle_timeout()
+        pools = (f"a warm pool leaves after {idle / 60:g} min without a lab" if idle else
+                 f"warm pools stay until their kernel ends ({pool.ENV_IDLE}=0)")
+    except pool.PoolError as exc:
+        pools = str(exc)
+    detail = (f"held now by this course ({'/'.join(kinds)}): {parts[0]}, {parts[1]}\n"
+              "each notebook opened keeps its kernel: shut down those you are done with "
+              f"(Kernel > Shut Down Kernel); {pools}")
+    return Check("course memory", "info", detail, data={**found, "measure": "/".join(kinds)})
+
+
 def check_lab_defaults() -> Check:
     try:
         nproc = system.default_nproc()
@@ -239,11 +319,29 @@ def check_launch(nproc: int = 2, timeout: float = 120.0, launcher: str | None = 
                        "launcher_listens": result.results[0].get("launcher_listens")})
 
 
+# Variables that say this machine is one of several nodes of a job: SLURM's, and torchrun's
+# --nnodes as an environment variable (PET_NNODES, "N" or "MIN:MAX").
+MULTI_NODE_VARS = ("SLURM_JOB_NUM_NODES", "SLURM_NNODES", "PET_NNODES")
+
+
+def multi_node(env=None) -> str | None:
+    """Why this machine looks like one node of several (e.g. "SLURM_JOB_NUM_NODES=4"), or None:
+    a one-machine set-up (a laptop, one workstation or cloud VM)."""
+    env = os.environ if env is None else env
+    for var in MULTI_NODE_VARS:
+        value = env.get(var, "")
+        counts = [int(x) for x in value.split(":") if x.strip().isdigit()]
+        if counts and max(counts) > 1:
+            return f"{var}={value}"
+    return None
+
+
 def check_exposure(launch: Check) -> Check:
     """What the launcher listened on during the launch check. torchrun's rendezvous store
     (torch's TCPStore) binds every interface whatever address it is given: while a lab runs,
-    its ports are open to the network, unauthenticated; the doctor says so and how to close
-    them. The warm pool binds its store to 127.0.0.1 only."""
+    its ports are open to the network, unauthenticated. On one machine (`multi_node`: None)
+    that is information: the labs use the warm pool, which binds 127.0.0.1 only, and torchrun
+    is the multi-node path; on a node of a multi-node set-up it is a warning with what to do."""
     who = launch.data.get("launcher", "torchrun")
     name = "lab ports" + (f" ({who})" if launch.name.endswith(")") else "")
     listens = launch.data.get("launcher_listens")
@@ -256,12 +354,17 @@ def check_exposure(launch: Check) -> Check:
     if not open_:
         return Check(name, "ok", f"{'the warm pool' if who == 'pool' else who} listened on "
                                  "loopback only", data={"exposed": []})
-    return Check(name, "warn",
-                 f"while a lab runs, {who}'s rendezvous listens on every interface ({shown}; "
-                 "new ports each run), reachable from the network without authentication",
-                 "on a shared or cloud machine keep inbound ports closed (a cloud security group, "
-                 "or `ufw default deny incoming`); multi-node labs need their rendezvous port open "
-                 "between the nodes only", data={"exposed": open_})
+    seen = (f"while a lab runs, {who}'s rendezvous listens on every interface ({shown}; new "
+            "ports each run), reachable from the network without authentication")
+    fix = ("on a shared or cloud machine keep inbound ports closed (a cloud security group, or "
+           "`ufw default deny incoming`); multi-node labs need their rendezvous port open "
+           "between the nodes only")
+    nodes = multi_node()
+    if nodes is None:
+        return Check(name, "info", f"{seen}.\nOne machine (no multi-node job here): nothing "
+                     f"to do on a laptop; {fix}", data={"exposed": open_, "multi_node": None})
+    return Check(name, "warn", f"{seen} ({nodes}: this is one node of several)", fix,
+                 data={"exposed": open_, "multi_node": nodes})
 
 
 def check_jupyter() -> list[Check]:
@@ -297,7 +400,7 @@ def check_port() -> Check:
 def run_checks(launch: bool = True, nproc: int = 2, timeout: float = 120.0) -> Report:
     """All checks, in the order a person reads them. `launch=False` skips starting ranks."""
     checks = [check_python(), check_torch(), check_gpus(), check_topology(), *check_backends(),
-              *check_cpu_ram(), check_lab_defaults()]
+              *check_cpu_ram(), check_course_memory(), check_lab_defaults()]
     if launch:
         started = check_launch(nproc=nproc, timeout=timeout)
         checks += [started, check_exposure(started)]

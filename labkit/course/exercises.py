@@ -33,6 +33,23 @@ _KEEP_CELL_METADATA = ("tags", "labkit", "jupyter", "editable", "deletable", "sl
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
+# The notebook metadata of every committed notebook (notebooks/, solutions/, exercises/), in the
+# form JupyterLab leaves untouched: once its kernel starts, JupyterLab writes the kernel's
+# language_info (and kernelspec) into the notebook and, if that changed anything, marks the tab
+# modified (and autosaves it). A bare {"name": "python"} did. This is what ipykernel reports for
+# the course's Python (3.11.7); under another Python JupyterLab still rewrites "version".
+KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+LANGUAGE_INFO = {
+    "codemirror_mode": {"name": "ipython", "version": 3},
+    "file_extension": ".py",
+    "mimetype": "text/x-python",
+    "name": "python",
+    "nbconvert_exporter": "python",
+    "pygments_lexer": "ipython3",
+    "version": "3.11.7",
+}
+NOTEBOOK_METADATA = {"kernelspec": KERNELSPEC, "language_info": LANGUAGE_INFO}
+
 
 class NotebookFormatError(ValueError):
     """A solutions notebook breaks the authoring rules (the message says which cell and why)."""
@@ -214,7 +231,8 @@ def render(solution_nb, name: str) -> nbformat.NotebookNode:
     NotImplementedError("Exercise ex1: write ~N lines")`` at the marker's indentation (N counts
     the region's code lines); outputs and execution counts cleared; cell metadata reduced to
     ``tags``, ``labkit`` and Jupyter's display keys, with the exercise id written into each
-    exercise cell and check cells marked not editable/deletable. With positional cell ids
+    exercise cell and check cells marked not editable/deletable; the notebook's metadata
+    NOTEBOOK_METADATA (what JupyterLab leaves untouched). With positional cell ids
     (``cell-000``, ...) and JSON with sorted keys (`dumps`), the same solutions always give the
     same bytes."""
     lay = layout(solution_nb, where=name)
@@ -247,11 +265,7 @@ def render(solution_nb, name: str) -> nbformat.NotebookNode:
         else:
             new = v4.new_raw_cell(src, metadata=meta, id=cid)
         cells.append(new)
-    metadata = {}
-    if "kernelspec" in solution_nb.metadata:
-        metadata["kernelspec"] = copy.deepcopy(solution_nb.metadata["kernelspec"])
-    metadata["language_info"] = {"name": "python"}
-    nb = v4.new_notebook(cells=cells, metadata=metadata)
+    nb = v4.new_notebook(cells=cells, metadata=copy.deepcopy(NOTEBOOK_METADATA))
     nbformat.validate(nb)
     return nb
 

@@ -2,7 +2,7 @@
 
     from labkit.course import grading
     grading.check_close("ex2", answer_bytes, 7e9 * 16, unit="bytes",
-                        hint="mixed-precision AdamW keeps 16 bytes per parameter")
+                        hint="which states mixed-precision AdamW keeps, and in which dtypes")
     grading.check_callable("ex1", param_count, cases=[(768, 12), (1024, 24)],
                            reference=lambda h, n: 12 * n * h * h)
 

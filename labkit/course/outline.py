@@ -42,14 +42,5 @@ def available(root: Path | None = None) -> list[Module]:
     return [m for m in MODULES if notebook_path(m, root).exists()]
 
 
-def markdown_table(root: Path | None = None) -> str:
-    """The course map as a Markdown table; modules not written yet are marked 'coming'."""
-    rows = ["| # | notebook | you leave able to | time |", "|---|---|---|---|"]
-    for m in MODULES:
-        name = f"`{m.notebook}.ipynb`" if notebook_path(m, root).exists() else f"{m.title} (coming)"
-        rows.append(f"| {m.number} | {name} | {m.outcome} | ~{m.minutes} min |")
-    return "\n".join(rows)
-
-
 def total_minutes() -> int:
     return sum(m.minutes for m in MODULES)

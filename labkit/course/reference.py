@@ -410,58 +410,70 @@ def _no_attention(model, seq_len):
                                                                                         seq_len)
 
 
+def _relative_min_microbatches(stages, target, chunks=1) -> int:
+    """The fewest micro-batches whose bubble *relative to the ideal time* meets `target` (the
+    mix-up of 07's min_microbatches: the target is the idle share of the step)."""
+    schedule = "interleaved-1f1b" if chunks > 1 else "1f1b"
+    return pipeline.min_microbatches(stages, target, schedule, v=chunks, relative=True)
+
+
 # The usual wrong answers of each check, (what went wrong, the value it gives): a learner whose
-# value matches one is told which (`check_with_mistakes`).
+# value matches one is told which (`check_with_mistakes`). A label names the mistake and the
+# idea it missed, never the right formula or number (tests/course/test_grading_hints.py).
 MISTAKES = {
     "states_gb": (
-        ("GiB instead of GB: the answer is in GB = 1e9 bytes, not GiB = 2**30",
+        ("GiB instead of GB: the answer is in GB (1e9 bytes), not GiB",
          lambda n, z, d: states_gb(n, z, d) * 1e9 / 2**30),
-        ("all 16 B/param divided by dp at every stage: ZeRO-1 shards only the 12 B of "
-         "optimizer states, ZeRO-2 also the 2 B of gradients, ZeRO-3 also the 2 B of weights",
+        ("every byte of model state divided by dp at every stage: each ZeRO stage shards only "
+         "some of the states (which ones is what the stage number says)",
          lambda n, z, d: 16 * n / d / 1e9),
-        ("12 B/param: the 2 B of bf16 weights and 2 B of gradients are missing",
+        ("only the optimizer states: the weights and the gradients are missing",
          lambda n, z, d: memory.estimate_memory(n, optimizer="adamw", zero_stage=z,
                                                 dp=d).optimizer_states / 1e9)),
     "bubble": (
-        ("(p-1)/m: that is the bubble relative to the ideal time m(f+b), not the idle share "
-         "of the step, (p-1)/(m+p-1)", lambda p, m: (p - 1) / m),
-        ("(p-1)/(m+p): the step lasts m + p - 1 slots, not m + p", lambda p, m: (p - 1) / (m + p)),
+        ("(p-1)/m is the bubble relative to the ideal time; the idle share is of the whole "
+         "step, whose length includes the bubble itself", lambda p, m: (p - 1) / m),
+        ("(p-1)/(m+p): the step's length counts one slot too many", lambda p, m: (p - 1) / (m + p)),
         ("(p-1)/p: the bubble shrinks with more micro-batches; m is missing",
          lambda p, m: (p - 1) / p)),
+    "min_microbatches": (
+        ("the target met by the bubble relative to the ideal time, not by the idle share of "
+         "the step: the target is the share of the whole step (bubble included) that a GPU "
+         "waits", _relative_min_microbatches),),
     "all_reduce_seconds": (
-        ("the bidirectional figure: LINKS[link].bidirectional adds both directions; a ring "
-         "sends one way at LINKS[link].bandwidth",
+        ("the bidirectional figure: both directions added; a ring sends each byte one way",
          lambda S, n, link: comm.collective_time("all_reduce", S, n, hardware.get_link(
              link).bidirectional, hardware.get_link(link).latency)),
-        ("S / B: a ring all-reduce sends 2(n-1)/n x S per rank (reduce-scatter + all-gather)",
+        ("S / B: a ring all-reduce is a reduce-scatter and then an all-gather; each rank sends "
+         "more than S",
          lambda S, n, link: S / hardware.get_link(link).bandwidth
          + 2 * (n - 1) * hardware.get_link(link).latency),
-        ("(n-1)/n x S / B: that is one all-gather or reduce-scatter; an all-reduce is both",
+        ("one all-gather (or reduce-scatter) alone; an all-reduce is both",
          lambda S, n, link: comm.collective_time("all_gather", S, n, hardware.get_link(
              link).bandwidth, hardware.get_link(link).latency)),
-        ("no latency: each of the 2(n-1) steps costs alpha = LINKS[link].latency too",
+        ("no latency: every step of the ring also pays the link's latency",
          lambda S, n, link: comm.collective_time("all_reduce", S, n,
                                                  hardware.get_link(link).bandwidth))),
     "reported_mfu": (
-        ("the peak with sparsity: the datasheet's starred figure is twice the dense peak "
+        ("the peak with sparsity: the datasheet's starred figure is not the dense peak "
          "training runs at", lambda *a: reported_mfu(*a) / 2),
-        ("6N only: the attention term, 12 L (a d_head) s FLOPs per token, is missing",
+        ("6N only: the attention FLOPs per token are missing",
          lambda model, tps, g, gpu, s: _no_attention(model, s) * tps
          / (g * hardware.get_gpu(gpu).flops("bf16")))),
     "trainable_tokens": (
-        ("6N only: the attention term, 12 L (a d_head) s FLOPs per token, is missing",
+        ("6N only: the attention FLOPs per token are missing",
          lambda model, g, gpu, days, u, s: days * 86_400 * g * hardware.get_gpu(gpu).flops(
              "bf16") * u / _no_attention(model, s)),
-        ("the peak with sparsity: twice the dense peak", lambda *a: 2 * trainable_tokens(*a)),
-        ("hours for days: a day is 86,400 s", lambda *a: trainable_tokens(*a) / 24)),
+        ("the peak with sparsity, not the dense peak", lambda *a: 2 * trainable_tokens(*a)),
+        ("hours taken for days", lambda *a: trainable_tokens(*a) / 24)),
     "checkpoint_minutes": (
         ("seconds, not minutes", lambda *a: 60 * checkpoint_minutes(*a)),
-        ("sqrt(delta M) without the 2 of Young's sqrt(2 delta M)",
+        ("a factor missing inside Young's square root",
          lambda *a: checkpoint_minutes(*a) / math.sqrt(2)),
-        ("one GPU's MTBF, not the job's: G GPUs fail G times as often",
+        ("one GPU's MTBF, not the job's: many GPUs fail more often than one",
          lambda model, g, r, bw: checkpoint_minutes(model, 1, r, bw)),
-        ("16 B/param: a checkpoint holds the fp32 weights and AdamW's two moments, 12 B/param "
-         "(no bf16 copy, no gradients)",
+        ("a checkpoint counted with the training states it does not save (a 16-bit copy of "
+         "the weights, the gradients)",
          lambda model, g, r, bw: checkpoint_minutes(model, g, r, bw * 12 / 16))),
 }
 
@@ -516,6 +528,13 @@ def check_with_mistakes(name, fn, cases, reference, *, rtol=1e-9, unit=None, hin
 # (real labs, a fresh measurement), at seeds whose faults differ (tests/labs/test_interview_exercise.py
 # checks that the straggler's slow rank is 0 at one seed and 1 at the other).
 DIAGNOSIS_SEEDS = (1, 3)
+# What to look at when a diagnosis is wrong: where the evidence shows it, never the answer (the
+# case's own explanation of its right option, the former hint, gave it away).
+DIAGNOSIS_HINTS = {
+    "name": "which kinds of evidence the case holds (its keys: a log, an error, step times, a "
+            "timeline, a pipeline, memory), and what each fault leaves in them",
+    "slow_rank": "the timeline's events: which rank's steps hold work the other ranks' do not",
+}
 
 
 @functools.lru_cache(maxsize=None)
@@ -550,4 +569,4 @@ def check_diagnosis(name, fn, cases, truth, seeds=DIAGNOSIS_SEEDS[:1]):
                     f"{name}: on the evidence of case {case_name!r} (seed {seed}) "
                     f"{name}(evidence) raised {type(exc).__name__}: {exc}", name=name) from exc
             grading.check_equal(f"{name} on {case_name!r} (seed {seed})", got, want,
-                                hint=case.why[case.answer])
+                                hint=DIAGNOSIS_HINTS.get(truth, DIAGNOSIS_HINTS["name"]))

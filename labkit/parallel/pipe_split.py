@@ -61,6 +61,12 @@ class CausalLMStage(nn.Module):
         from transformers.masking_utils import create_causal_mask
 
         self._mask = create_causal_mask
+        # transformers 5 calls the cache argument `cache` (4.x: `past_key_values`, now deprecated
+        # with a FutureWarning); no stage keeps a cache, so it is None either way
+        import inspect
+
+        self._no_cache = ({"cache": None} if "cache" in inspect.signature(create_causal_mask).parameters
+                          else {"past_key_values": None})
         self.config = model.config
         self.llama = hasattr(model, "model")
         inner = model.model if self.llama else model.transformer
@@ -90,7 +96,7 @@ class CausalLMStage(nn.Module):
         else:
             hidden = self.drop(self.wte(x) + self.wpe(positions))
         mask = self._mask(config=self.config, inputs_embeds=hidden, attention_mask=None,
-                          past_key_values=None, position_ids=positions)
+                          position_ids=positions, **self._no_cache)
         extra = {"position_ids": positions}
         if self.llama:
             extra["position_embeddings"] = self.rotary_emb(hidden, position_ids=positions)

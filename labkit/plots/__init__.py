@@ -1,29 +1,34 @@
 """Figures for the course (layer 2: views). Each plot function returns a matplotlib Figure built
 with the object API (no pyplot state), so it works the same in a notebook, a widget and a test.
-`png_bytes(fig)` renders one for an `ipywidgets.Image`.
+In a notebook it shows itself once as a PNG, whether it is the cell's value, assigned or ends in
+`;` (labkit.plots.inline). `png_bytes(fig)` renders one for an `ipywidgets.Image` (not shown).
 
-May import: layer 1 (cost models) and matplotlib. Never runtime/, parallel/, labs/, course/, cli/.
+May import: layer 1 (cost models), matplotlib, IPython (in a kernel). Never runtime/, parallel/,
+labs/, course/, cli/.
 """
 from __future__ import annotations
-
-import io
 
 GB = 1e9
 GiB = 2**30
 
 
 def new_figure(width: float = 7.0, height: float = 3.5):
-    """A Figure not registered with pyplot (so widgets never leak open figures)."""
-    from matplotlib.figure import Figure
+    """A Figure not registered with pyplot (so widgets never leak open figures), that shows
+    itself in a notebook (labkit.plots.inline)."""
+    from labkit.plots.inline import CourseFigure, track
 
-    return Figure(figsize=(width, height), layout="constrained")
+    fig = CourseFigure(figsize=(width, height), layout="constrained")
+    track(fig)
+    return fig
 
 
 def png_bytes(fig, dpi: int = 100) -> bytes:
-    """Render a Figure to PNG bytes (for `widgets.Image.value`)."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    return buf.getvalue()
+    """Render a Figure to PNG bytes (for `widgets.Image.value`); the figure is then not shown
+    again at the end of the cell (show the bytes with `Image(png_bytes(fig))`)."""
+    from labkit.plots.inline import mark_handled, render_png
+
+    mark_handled(fig)
+    return render_png(fig, dpi)
 
 
 def fmt_bytes(n: float) -> str:

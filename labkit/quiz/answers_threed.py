@@ -127,9 +127,9 @@ def layout_memory_gb(model, tp, pp, dp, recompute, global_batch=256, seq_len=409
 
 
 def verify_seed_recommender():
-    """The seed's recommender for 70B on 64 A100-80GB (FSDP over dp = 64 // 8) does not fit
-    and leaves most GPUs idle; the planner finds a layout on all 64 that fits. (Computed once:
-    `plan` takes about a second.)"""
+    """A popular article's recommender for 70B on 64 A100-80GB (FSDP over dp = 64 // 8) does
+    not fit and leaves most GPUs idle; the planner finds a layout on all 64 that fits. (Computed
+    once: `plan` takes about a second.)"""
     return dict(_seed_recommender())
 
 

@@ -20,6 +20,7 @@ import re
 
 import yaml
 
+from labkit.quiz.articles import cite
 from labkit.quiz.schema import (DEFAULT_TOLERANCE, TOPICS, files as _files,
                                 resolve as _resolve, validate as _validate)
 from labkit.quiz.units import convert
@@ -53,11 +54,14 @@ def _render(text, values: dict, where: str) -> str:
 @dataclass(frozen=True)
 class Verdict:
     """The result of checking one response: `expected` and `given` in the question's unit (a
-    letter for a choice question); `message` says what was right or wrong."""
+    letter for a choice question); `message` says what was right or wrong. `readable` is False
+    when the response is no answer at all (empty, not a number, a unit of another kind, not an
+    option): the quiz then says why and asks again, without scoring it or showing the answer."""
     correct: bool
     expected: object
     given: object
     message: str
+    readable: bool = True
 
 
 @dataclass
@@ -70,8 +74,8 @@ class Question:
     list per file, checked by labkit.quiz.schema at load:
         id (kebab-case, unique), topic (TOPICS), difficulty (1-3), kind (numeric | choice),
         statement (may use {params} only), params ({name: [values]}, one drawn per attempt),
-        explanation (may also use what the function returns), seed_claim ({source:
-        seeds/<file>, wrong, why}: a seed article's wrong figure), tags;
+        explanation (may also use what the function returns), article_claim ({source: a key of
+        labkit.quiz.articles.ARTICLES, wrong, why}: a popular article's wrong figure), tags;
         numeric: answer ("labkit.quiz.<module>:<function>", called with the params, returning a
         number or {"answer": number, **intermediates} in `unit`), unit, tolerance (relative,
         <= 5 %), abs_tolerance;
@@ -89,7 +93,7 @@ class Question:
     tolerance: float = DEFAULT_TOLERANCE
     abs_tolerance: float = 0.0
     explanation: str = ""
-    seed_claim: dict | None = None
+    article_claim: dict | None = None
     tags: tuple = ()
     options: list = field(default_factory=list)
     verify: str | None = None
@@ -166,9 +170,11 @@ class Attempt:
                      f"{_render(o['why'], values, where).strip()}"
                      for letter, o in zip("abcdefghijklmnopqrstuvwxyz", shown)]
             self.explanation = "\n".join(lines + ([explanation] if explanation else []))
-        claim = q.seed_claim
-        self.seed_claim = None if claim is None else {
-            k: _render(claim[k], values, where).strip() for k in ("source", "wrong", "why")}
+        # a popular article's wrong claim, its source cited by title and author
+        claim = q.article_claim
+        self.article_claim = None if claim is None else {
+            "source": cite(claim["source"]),
+            **{k: _render(claim[k], values, where).strip() for k in ("wrong", "why")}}
 
     @property
     def expected_text(self) -> str:
@@ -198,7 +204,7 @@ class Attempt:
         if given is None:
             return Verdict(False, self.expected, text,
                            f"answer with one letter from {', '.join(letters)} (or the option's "
-                           f"text), e.g. b or (b)")
+                           f"text), e.g. b or (b)", readable=False)
         ok = given == self.expected
         msg = "Correct." if ok else f"Not quite: you chose ({given}); the answer is {self.expected_text}."
         return Verdict(ok, self.expected, given, msg)
@@ -212,21 +218,23 @@ class Attempt:
             if "," in text:
                 return Verdict(False, self.expected, text,
                                f"write a plain number (12500 or 1.25e4), not {text!r}: a comma "
-                               f"could be a thousands separator or a decimal point")
+                               f"could be a thousands separator or a decimal point",
+                               readable=False)
             m = _NUMBER.match(text)
             if not text or not m:
                 return Verdict(False, self.expected, text or None,
                                f"expected {want}, e.g. {fmt(1.5)} {self.unit}".rstrip()
-                               + f"; got {text!r}")
+                               + f"; got {text!r}", readable=False)
             given, unit = float(m.group(1)), m.group(2) or self.unit
         try:
             given = convert(given, unit, self.unit) if self.unit else given
         except ValueError as err:
             if unit and not self.unit:
                 err = f"this answer has no unit; write just the number, not {unit!r}"
-            return Verdict(False, self.expected, given, str(err))
+            return Verdict(False, self.expected, given, str(err), readable=False)
         if not math.isfinite(given):
-            return Verdict(False, self.expected, given, f"expected {want}, got {given}")
+            return Verdict(False, self.expected, given, f"expected {want}, got {given}",
+                           readable=False)
         q = self.question
         slack = max(q.tolerance * abs(self.expected), q.abs_tolerance)
         ok = abs(given - self.expected) <= slack * (1 + 1e-12)
@@ -288,7 +296,8 @@ def _as_set(name, value, allowed):
 
 def select(topic=None, difficulty=None, count=None, seed=None, bank=None) -> list[Question]:
     """Questions of `topic` (a topic or a list) and `difficulty` (1..3 or a list); with `count`,
-    a sample without replacement seeded by `seed` (None: a fresh draw)."""
+    a sample without replacement seeded by `seed` (None: a fresh draw) that covers different
+    formulas before it repeats one (`spread`)."""
     pool = load_bank() if bank is None else list(bank)
     if topic is not None:
         topics = _as_set("topic", topic, TOPICS)
@@ -303,7 +312,25 @@ def select(topic=None, difficulty=None, count=None, seed=None, bank=None) -> lis
     if count > len(pool):
         raise ValueError(f"count={count} is more than the {len(pool)} questions that match "
                          f"topic={topic!r}, difficulty={difficulty!r}")
-    return random.Random(seed).sample(pool, count)
+    return spread(pool, count, random.Random(seed))
+
+
+def spread(pool: list, count: int, rng: random.Random) -> list:
+    """`count` questions of `pool` in a random order, no formula twice before every formula is
+    drawn once: questions that share their labkit function (four pp questions all compute the
+    idle share) are dealt in rounds, one per function per round, each round shuffled."""
+    groups: dict = {}
+    for q in pool:
+        groups.setdefault(q.answer or q.verify, []).append(q)
+    for group in groups.values():
+        rng.shuffle(group)
+    out, depth = [], 0
+    while len(out) < count:
+        layer = [g[depth] for g in groups.values() if len(g) > depth]
+        rng.shuffle(layer)
+        out += layer
+        depth += 1
+    return out[:count]
 
 
 @dataclass(frozen=True)

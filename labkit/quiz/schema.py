@@ -13,12 +13,14 @@ from pathlib import Path
 import re
 import string
 
+from labkit.quiz.articles import ARTICLES
+
 TOPICS = ("memory", "collectives", "ddp", "zero-fsdp", "tp", "pp", "3d", "checkpointing",
           "precision", "mfu", "hardware")
 KINDS = ("numeric", "choice")
 _ID = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 _KEYS = {"id", "topic", "difficulty", "kind", "statement", "params", "answer", "unit",
-         "tolerance", "abs_tolerance", "explanation", "seed_claim", "tags", "options", "verify"}
+         "tolerance", "abs_tolerance", "explanation", "article_claim", "tags", "options", "verify"}
 _NEEDED = {"numeric": ("answer", "unit"), "choice": ("options", "verify")}
 _ONLY = {"numeric": ("options", "verify"), "choice": ("answer", "unit", "tolerance",
                                                       "abs_tolerance")}
@@ -122,14 +124,15 @@ def validate(raw, source: str, seen: dict) -> dict:
         n = sum(1 for o in options if o.get("correct"))
         if n != 1:
             raise ValueError(f"{where}: options has {n} correct options; exactly one is allowed")
-    claim = raw.get("seed_claim")
+    claim = raw.get("article_claim")
     if claim is not None:
         if not isinstance(claim, dict) or set(claim) != {"source", "wrong", "why"} or not all(
                 isinstance(v, str) and v.strip() for v in claim.values()):
-            raise ValueError(f"{where}: seed_claim must have exactly source, wrong, why (text)")
-        if not re.fullmatch(r"seeds/[^/]+\.(md|txt)", claim["source"]):
-            raise ValueError(f"{where}: seed_claim.source={claim['source']!r} must be "
-                             f"'seeds/<file>.md' or '.txt'")
+            raise ValueError(f"{where}: article_claim must have exactly source, wrong, why "
+                             "(text)")
+        if claim["source"] not in ARTICLES:
+            raise ValueError(f"{where}: article_claim.source={claim['source']!r} is not a known "
+                             f"article; allowed: {', '.join(ARTICLES)} (labkit/quiz/articles.py)")
     tags = raw.get("tags") or []
     if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
         raise ValueError(f"{where}: tags must be a list of words")
@@ -138,7 +141,7 @@ def validate(raw, source: str, seen: dict) -> dict:
     return dict(id=qid, topic=raw["topic"], difficulty=raw["difficulty"], kind=kind,
                 statement=statement, params=dict(params), answer=raw.get("answer"),
                 unit=raw.get("unit", ""), tolerance=float(tol), abs_tolerance=float(abs_tol),
-                explanation=raw.get("explanation") or "", seed_claim=claim, tags=tuple(tags),
+                explanation=raw.get("explanation") or "", article_claim=claim, tags=tuple(tags),
                 options=list(options), verify=raw.get("verify"), source=source)
 
 

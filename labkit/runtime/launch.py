@@ -25,7 +25,7 @@ import time
 import uuid
 from collections import defaultdict
 
-from labkit.runtime import guard, rundir, system
+from labkit.runtime import guard, lab_times, progress, rundir, system
 from labkit.runtime.dist import ENV_COLLECTIVE_TIMEOUT, ENV_RESULTS_DIR, ENV_RUN_ID
 from labkit.runtime.postmortem import dump_stacks, first_record, read_records
 from labkit.runtime.results import LabError, LabResult, RankResult  # noqa: F401 (re-exported)
@@ -129,7 +129,8 @@ def run_lab(target, nproc: int | None = None, args=(), timeout: float | None = 3
         to a script. args: the lab's command-line arguments. env: extra environment variables
         for the ranks (OMP_NUM_THREADS=1 is set unless given here).
     nnodes/node_rank/rdzv_endpoint/rdzv_id: multi-node runs (same rdzv_endpoint and rdzv_id on
-        every node). quiet: do not print the ranks' output (it is still in result.output).
+        every node). quiet: do not print the ranks' output (it is still in result.output); the
+        progress line still shows in a notebook (labkit.runtime.progress), and on a TTY.
     verbose: also print the launcher's own log lines. keep_logs: keep the run directory (its
         path is in the LabError message). oversubscribe: start more ranks per node than this
         machine holds (system.max_local_ranks); default from LABKIT_OVERSUBSCRIBE=1, else refused.
@@ -163,6 +164,23 @@ def run_lab(target, nproc: int | None = None, args=(), timeout: float | None = 3
                          "node); allowed: nnodes=1 without it")
     explicit = (launcher if launcher is not None else os.environ.get(ENV_LAUNCHER)) == "pool"
     launcher = choose_launcher(launcher, nnodes)
+    # The progress line (labkit.runtime.progress) says which lab runs, for how long so far,
+    # and how long the course's run of it takes on a 2-core laptop; quiet=True keeps the
+    # ranks' lines out, not this.
+    expected = lab_times.expected_seconds(target, nproc, args) if nnodes == 1 else None
+    with progress.task(_label(target, nproc, args, nnodes), expected, terminal=quiet):
+        return _launch(target, nproc, args, timeout, env, nnodes=nnodes, node_rank=node_rank,
+                       rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, quiet=quiet,
+                       verbose=verbose, keep_logs=keep_logs, launcher=launcher,
+                       explicit=explicit, t0=t0)
+
+
+def _launch(target: str, nproc: int, args, timeout: float | None, env: dict | None, *,
+            nnodes: int, node_rank: int | None, rdzv_endpoint: str | None, rdzv_id: str | None,
+            quiet: bool, verbose: bool, keep_logs: bool, launcher: str, explicit: bool,
+            t0: float) -> LabResult:
+    """run_lab once its arguments are checked: start the ranks, relay their output, collect
+    how each ended (explicit: the pool was asked for by name, so no fallback to torchrun)."""
     run_id = uuid.uuid4().hex[:12]
     rundir.sweep_stale()          # left by launchers killed before they could clean up
     run_dir = rundir.make_run_dir(run_id)
@@ -250,6 +268,14 @@ def run_lab(target, nproc: int | None = None, args=(), timeout: float | None = 3
         failure.args = (text + (f"\n(run directory kept: {run_dir})" if keep_logs else ""),)
         raise failure
     return result
+
+
+def _label(target: str, nproc: int, args, nnodes: int) -> str:
+    """"lab pp --part torch on 4 ranks": the lab and its part, as the progress line names it."""
+    args = [str(a) for a in args]
+    part = args[args.index("--part") + 1] if "--part" in args[:-1] else None
+    ranks = f"{nproc} rank{'s' if nproc > 1 else ''}" + (f" x {nnodes} nodes" if nnodes > 1 else "")
+    return f"lab {lab_times.lab_name(target)}{f' --part {part}' if part else ''} on {ranks}"
 
 
 class _TorchrunJob:

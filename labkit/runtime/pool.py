@@ -1,13 +1,14 @@
-"""The warm pool: local labs start in well under a second instead of paying every rank's
-`import torch` (1-3 s each on a laptop; 30 s for four ranks importing transformers).
-run_lab uses it for single-node labs on Linux (launcher="pool", the default).
+"""The warm pool: local labs start in well under a second instead of paying every rank's `import
+torch` (1-3 s each on a laptop); run_lab uses it on one Linux node (launcher="pool", the default).
 
     from labkit.runtime import pool
     pool.warm()                          # optional: start it now, e.g. in a notebook's first cell
     pool.warm(preload=["transformers"])  # and import transformers in it too
     pool.shutdown()                      # optional: it also ends with this process
 
-How it works (`Pool`), when it restarts (`get`), what a lab can tell apart: docs/runtime.md.
+An idle pool gives its memory back: after IDLE_TIMEOUT (10 min) without a lab it leaves, and the
+next lab starts it again (LABKIT_POOL_IDLE_TIMEOUT=SECONDS changes that; 0: never). How it works
+(`Pool`), when it restarts (`get`), what a lab can tell apart: docs/runtime.md.
 """
 from __future__ import annotations
 
@@ -21,9 +22,13 @@ import threading
 import time
 
 from labkit.runtime import guard, rundir
-from labkit.runtime.zygote import ENV_SLOT, SLOT_SIZE, recv, send
+from labkit.runtime.zygote import ENV_IDLE, ENV_SLOT, IDLE_EXIT, SLOT_SIZE, recv, send
 
 READY_TIMEOUT = 300.0          # importing torch on a busy laptop takes seconds, not minutes
+# An idle warm parent holds a few hundred MB (torch, transformers); a kernel per module each
+# with its pool added up to GBs. After this many seconds without a lab it leaves; restarting
+# costs one `import torch` (a few seconds), paid by the next lab. ENV_IDLE overrides it.
+IDLE_TIMEOUT = 600.0
 # Variables a process reads while importing torch/transformers/Python itself: a pool started
 # with other values would not give what a fresh process gets.
 IMPORT_TIME_PREFIXES = ("PYTHON", "TORCH", "PYTORCH", "OMP_", "MKL_", "OPENBLAS_", "KMP_",
@@ -38,6 +43,22 @@ def supported() -> bool:
     not safe or not there (macOS, Windows) run_lab uses torchrun."""
     return sys.platform.startswith("linux") and hasattr(os, "fork") and hasattr(socket,
                                                                                 "send_fds")
+
+
+def idle_timeout(env: dict | None = None) -> float:
+    """Seconds an idle pool waits for a lab before it leaves: LABKIT_POOL_IDLE_TIMEOUT from
+    `env` (default os.environ), else IDLE_TIMEOUT; 0 keeps it until its owner exits."""
+    text = (os.environ if env is None else env).get(ENV_IDLE, "").strip()
+    if not text:
+        return IDLE_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (value >= 0 and value != float("inf")):
+        raise PoolError(f"{ENV_IDLE}={text!r} is not a number of seconds; allowed: a number "
+                        f">= 0 (0: never leave), or unset for {IDLE_TIMEOUT:g}")
+    return value
 
 
 def import_key(env: dict) -> tuple:
@@ -69,6 +90,7 @@ class Pool:
 
     def __init__(self, env: dict, preload=()):
         self.key = import_key(env)
+        idle = idle_timeout(env)               # a bad value: refused before anything starts
         self.lock = threading.Lock()           # one message at a time on the control socket
         self._start_lock = threading.Lock()
         self.dir = rundir.make_run_dir("pool")
@@ -78,7 +100,7 @@ class Pool:
         # This process's environment, with the lab's import-time variables (not its others:
         # LABKIT_RUN_ID and the lab's own belong to the ranks, which get them at each lab).
         zenv = {**os.environ, **dict(self.key), ENV_SLOT: " " * SLOT_SIZE,
-                "PYTHONUNBUFFERED": "1"}
+                "PYTHONUNBUFFERED": "1", ENV_IDLE: str(idle)}
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "labkit.runtime.zygote", str(theirs.fileno()),
@@ -126,6 +148,10 @@ class Pool:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def left_idle(self) -> bool:
+        """It left after IDLE_TIMEOUT without a lab (not a crash)."""
+        return self.proc.poll() == IDLE_EXIT
+
     def stale(self) -> bool:
         """torch, transformers or the pool's own code changed on disk since it started."""
         for path, mtime in self.files.items():
@@ -148,10 +174,12 @@ class Pool:
         """Wait until the warm parent has done what it was asked (e.g. a preload)."""
         self.wait_ready(timeout)
         with self.lock:
-            send(self.ctrl, {"op": "ping"})
             self.ctrl.settimeout(timeout)
             try:
+                send(self.ctrl, {"op": "ping"})
                 msg, _ = recv(self.ctrl)
+            except OSError:            # it left (idle) or died meanwhile
+                msg = None
             finally:
                 self.ctrl.settimeout(None)
         if msg is None:
@@ -202,6 +230,24 @@ class Pool:
 
 _lock = threading.Lock()
 _pool: Pool | None = None
+_carried: tuple[str, ...] = ()   # what a pool that left idle had imported on request
+
+
+def _retire(old: Pool) -> None:
+    """Stop `old` and forget it (the caller holds _lock); a pool that left idle passes on what
+    it had been asked to import, so that its successor is as warm."""
+    global _pool, _carried
+    if _pool is old:
+        _pool = None
+    old.close()
+    if old.left_idle():
+        _carried = tuple(sorted(old.requested))
+
+
+def discard(p: Pool) -> None:
+    """Replace `p` at the next `get` (it refused a request: it left idle, or died)."""
+    with _lock:
+        _retire(p)
 
 
 def get(env: dict, preload=(), wait: bool = True) -> Pool:
@@ -211,16 +257,17 @@ def get(env: dict, preload=(), wait: bool = True) -> Pool:
     It is restarted when it would not give what a fresh process gets: when a variable read at
     import time differs (`import_key`: PYTHON*, TORCH*, OMP_*, MKL_*, HF_*, ...; e.g.
     env={"OMP_NUM_THREADS": "2"}), when torch, transformers or this machinery changed on disk
-    (`Pool.stale`), or when it died."""
-    global _pool
+    (`Pool.stale`), or when it died or left idle (`IDLE_TIMEOUT`; then the new one imports
+    what the old one had been asked to, e.g. transformers)."""
+    global _pool, _carried
     key = import_key(env)
     with _lock:
         old = _pool
         if old is not None and (old.key != key or not old.alive() or old.stale()):
-            _pool = None
-            old.close()
+            _retire(old)
         if _pool is None:
-            _pool = Pool(env, preload)
+            _pool = Pool(env, tuple(preload) + tuple(m for m in _carried if m not in preload))
+            _carried = ()
             atexit.unregister(shutdown)
             atexit.register(shutdown)
         pool = _pool
@@ -243,8 +290,15 @@ def warm(preload=(), env: dict | None = None, wait: bool = False) -> Pool | None
     full = dict(os.environ)
     full.setdefault("OMP_NUM_THREADS", "1")
     full.update({k: str(v) for k, v in (env or {}).items()})
-    p = get(full, preload, wait=wait)
-    p.preload(preload)
+    for attempt in (1, 2):
+        p = get(full, preload, wait=wait)
+        try:
+            p.preload(preload)
+            break
+        except OSError:                # it left (idle) since get looked: start a new one, once
+            if attempt == 2:
+                raise
+            discard(p)
     if wait:
         p.sync()
     return p
@@ -257,7 +311,6 @@ def shutdown() -> None:
         old, _pool = _pool, None
     if old is not None:
         old.close()
-
 
 
 class PoolJob:
@@ -279,10 +332,10 @@ class PoolJob:
             try:
                 self.conn, self.streams = self.pool.start_lab(request, nproc)
                 break
-            except OSError:            # it died since we looked: start a new one, once
+            except OSError:            # it died or left idle since we looked: a new one, once
                 if attempt == 2:
                     raise
-                shutdown()
+                discard(self.pool)
         self.control = self.conn.fileno()
         self.pids: dict[int, int] = {}
         self.codes: dict[int, int] = {}

@@ -6,8 +6,8 @@ process for every rank of every lab (started by labkit.runtime.pool; run_lab use
 Three kinds of process, all forked from this one: the warm parent (`main`), one agent per lab
 (`_agent`, what torchrun's agent is to its workers) and the ranks (`_rank`); each function says
 what its process does. Nothing outlives the launcher: the warm parent leaves when its control
-socket closes or the launcher's pid is gone (a pidfd), an agent kills its ranks when its lab
-socket closes, and each rank watches the launcher itself (labkit.runtime.guard).
+socket closes, the launcher's pid is gone (a pidfd) or no lab came for ENV_IDLE seconds, an
+agent kills its ranks when its lab socket closes, and each rank watches the launcher itself.
 """
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ SLOT_SIZE = 8192
 MAX_MESSAGE = 1 << 20
 ENV_AGENT_PID = "LABKIT_AGENT_PID"           # the same name as labkit.runtime.guard's
 ENV_LAUNCHER = "LABKIT_RANK_LAUNCHER"       # "pool" in a pool rank (labkit.runtime.dist.launcher)
+ENV_IDLE = "LABKIT_POOL_IDLE_TIMEOUT"     # seconds without a lab before the warm parent leaves
+IDLE_EXIT = 3                             # its exit status then (the launcher restarts it)
 # Imported here so that ranks do not pay for them (what most labs import beyond torch).
 WARM_MODULES = ("torch", "torch.distributed", "torch.nn", "torch.optim",
                 "torch.distributed.elastic.multiprocessing.errors")
@@ -153,11 +155,13 @@ def main(argv: list[str]) -> None:
     """The warm parent: imports torch (and the MODULEs, e.g. transformers), says "ready", then
     waits for requests on CTRL_FD (a SOCK_SEQPACKET socket to the launcher). It never
     initialises CUDA (forking after CUDA init is unsafe) and runs no lab code. It leaves when
-    its control socket closes or the launcher's pid is gone (a pidfd)."""
+    its control socket closes, the launcher's pid is gone (a pidfd), or no lab has run nor been
+    asked for during ENV_IDLE seconds (`_leave_idle`: its memory goes back to the system)."""
     ctrl_fd, launcher_pid, launcher_start, *preload = argv
     ctrl = socket.socket(fileno=int(ctrl_fd))
     launcher_pid, started = int(launcher_pid), (None if launcher_start == "-" else launcher_start)
     signal.signal(signal.SIGINT, signal.SIG_IGN)     # the launcher says when to stop
+    idle_timeout = float(os.environ.get(ENV_IDLE) or 0)     # 0: never (the launcher validated it)
     stop = _watch_while_importing(ctrl, launcher_pid, started)
     loaded = _import(WARM_MODULES + tuple(preload))
     stop()
@@ -165,52 +169,95 @@ def main(argv: list[str]) -> None:
     send(ctrl, {"op": "ready", "pid": os.getpid(), "modules": loaded,
                 "files": _watched_files(loaded), "cuda_initialised": _cuda_initialised()})
     launcher = _pidfd(launcher_pid)
+    agents: set[int] = set()          # labs running (their agents are our only children)
+    last = time.monotonic()           # the end of the last request or lab
+    code = 0
     while True:
+        wait = 1.0 if idle_timeout <= 0 else min(1.0, idle_timeout)
         watched = [ctrl] + ([launcher] if launcher is not None else [])
-        ready, _, _ = select.select(watched, [], [], 1.0)
-        _reap()
+        ready, _, _ = select.select(watched, [], [], wait)
+        agents -= _reap()
+        now = time.monotonic()
+        if agents:
+            last = now
         if launcher in ready or (launcher is None and _launcher_gone(launcher_pid, started)):
             break
         if ctrl not in ready:
+            if idle_timeout > 0 and now - last >= idle_timeout:
+                print(f"labkit pool: no lab for {now - last:.0f} s ({ENV_IDLE}="
+                      f"{idle_timeout:g}); leaving (the next lab starts a new pool)",
+                      file=sys.stderr, flush=True)
+                code = IDLE_EXIT
+                _leave_idle(ctrl, lambda msg, fds: _serve(msg, fds, ctrl, launcher, loaded,
+                                                          agents))
+                break
             continue
         try:
             msg, fds = recv(ctrl, maxfds=1)
         except OSError:
             break
-        if msg is None or msg["op"] == "exit":
+        if not _serve(msg, fds, ctrl, launcher, loaded, agents):
             break
-        if msg["op"] == "preload":
-            known = set(loaded)
-            loaded += [m for m in _import(m for m in msg["modules"] if m not in known)]
-            _check_threads()
-        elif msg["op"] == "ping":
-            send(ctrl, {"op": "pong", "modules": loaded, "files": _watched_files(loaded)})
-        elif msg["op"] == "run":
-            if _cuda_initialised():      # a preload did it: never fork now; the next
-                print("labkit pool: CUDA was initialised here; leaving (forked ranks could "
-                      "not use it)", file=sys.stderr, flush=True)
-                break                    # lab starts a new pool
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    ctrl.close()
-                    if launcher is not None:
-                        os.close(launcher)
-                    _agent(socket.socket(fileno=fds[0]), msg)
-                finally:
-                    os._exit(0)
-            os.close(fds[0])
-    os._exit(0)
+        last = time.monotonic()
+    os._exit(code)
 
 
-def _reap() -> None:
+def _serve(msg, fds, ctrl, launcher, loaded: list[str], agents: set[int]) -> bool:
+    """Do what one request asks (preload, ping, run a lab); False: leave now."""
+    if msg is None or msg["op"] == "exit":
+        return False
+    if msg["op"] == "preload":
+        known = set(loaded)
+        loaded += [m for m in _import(m for m in msg["modules"] if m not in known)]
+        _check_threads()
+    elif msg["op"] == "ping":
+        send(ctrl, {"op": "pong", "modules": loaded, "files": _watched_files(loaded)})
+    elif msg["op"] == "run":
+        if _cuda_initialised():      # a preload did it: never fork now; the next
+            print("labkit pool: CUDA was initialised here; leaving (forked ranks could "
+                  "not use it)", file=sys.stderr, flush=True)
+            return False             # lab starts a new pool
+        pid = os.fork()
+        if pid == 0:
+            try:
+                ctrl.close()
+                if launcher is not None:
+                    os.close(launcher)
+                _agent(socket.socket(fileno=fds[0]), msg)
+            finally:
+                os._exit(0)
+        agents.add(pid)
+        os.close(fds[0])
+    return True
+
+
+def _leave_idle(ctrl: socket.socket, serve) -> None:
+    """Stop taking requests, then serve those already sent. Once this end is shut for reading,
+    the launcher's next send fails at once (EPIPE), so it starts a new pool (`pool.get`, PoolJob)
+    instead of waiting on this one; a request that was on its way before is still served (a lab
+    then runs to its end under its own agent), none is lost."""
+    try:
+        ctrl.shutdown(socket.SHUT_RD)
+        ctrl.setblocking(False)
+        while True:
+            msg, fds = recv(ctrl, maxfds=1)
+            if msg is None or not serve(msg, fds):
+                return
+    except OSError:                  # nothing left to read, or the launcher has gone
+        return
+
+
+def _reap() -> set[int]:
+    """Collect the agents that have exited; returns their pids."""
+    gone = set()
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return gone
         if pid == 0:
-            return
+            return gone
+        gone.add(pid)
 
 
 # ---------------------------------------------------------------------------------------------

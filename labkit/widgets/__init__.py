@@ -22,14 +22,27 @@ from labkit import validate
 # Digits a typed whole number may have: int() refuses more than 4,300 (with a message about
 # sys.set_int_max_str_digits); below that the cost models name the argument and its range.
 MAX_DIGITS = 4000
+# MFU is typed in percent in every calculator (the figures and the papers quote it so); below
+# 1 % is no training run, and refusing it catches a share (0.4) typed where a percent belongs.
+MFU_RANGE = ("MFU (%)", 1.0, 100.0)
 
 
-def error_html(exc: Exception) -> str:
+def error_html(exc: Exception | str) -> str:
     """The message a calculator shows instead of a result when its input is invalid (one line
     per problem when it lists several)."""
     text = "<br>".join(html.escape(line) for line in str(exc).splitlines())
     return (f'<div class="labkit-error" style="color:#b00020"><b>Cannot compute:</b> '
             f"{text}</div>")
+
+
+def labelled(message: str, labels: dict[str, str]) -> str:
+    """`message` with each argument it names written as the field is labelled: the cost models
+    name their arguments ('batch_size=0 must be ...'), a learner sees the labels
+    ('sequences/GPU=0 must be ...'). `labels`: argument name -> label."""
+    if not labels:
+        return message
+    names = "|".join(re.escape(n) for n in sorted(labels, key=len, reverse=True))
+    return re.sub(rf"(?<![\w.\-])({names})=", lambda m: f"{labels[m.group(1)]}=", message)
 
 
 def table_html(rows, header=None) -> str:
@@ -118,6 +131,12 @@ def pick(description, options, value, width="250px", toggles=False):
     return w
 
 
+def mfu_field(value: float = 40.0):
+    """MFU typed in percent (40 = 40 % of the GPU's dense peak), the same in every calculator;
+    read it with `Calculator._mfu` (a share, 0.4) and put MFU_RANGE in `ranges` under "mfu"."""
+    return float_field(MFU_RANGE[0], value)
+
+
 def float_field(description, value, width="250px"):
     """A typed number field of the calculators' standard width (checked by Calculator._number)."""
     return widgets.FloatText(value=value, description=description, layout=widgets.Layout(
@@ -134,11 +153,28 @@ class Calculator:
     # number fields: name -> (label, lowest, highest), checked by `_number` and named by
     # `_not_offered` when a starting value is not a number
     ranges: dict = {}
+    # cost-model argument -> the control it comes from, where their names differ (a typed
+    # field's own name is its argument's): `error_text` writes either as the control's label
+    arguments: dict = {}
 
     def _number(self, name: str) -> float:
         """The value of number field `name`, checked against its range (`ranges`)."""
         label, low, high = self.ranges[name]
         return validate.at_least(label, self.controls[name].value, low, high)
+
+    def _mfu(self) -> float:
+        """The MFU typed in percent, as the share of peak the cost models take (40 -> 0.4)."""
+        return self._number("mfu") / 100
+
+    def error_text(self, exc: Exception) -> str:
+        """What the calculator shows for `exc`: its text with the arguments it names written as
+        the fields are labelled (`labelled`)."""
+        labels = {name: w.description for name, w in self.controls.items()
+                  if isinstance(w, widgets.Text)}
+        labels.update({arg: self.controls[name].description
+                       for arg, name in self.arguments.items()})
+        renamed = {arg: label for arg, label in labels.items() if arg != label}
+        return labelled(str(exc), renamed)
 
     def _set_initial(self, initial: dict) -> None:
         """Starting values by control name; an unknown name is a ValueError listing the names."""

@@ -48,6 +48,7 @@ class CommCalculator(Calculator):
     """
 
     ranges = RANGES
+    arguments = {"world_size": "ranks"}
 
     def __init__(self, **initial):
         style = {"description_width": "150px"}
@@ -118,8 +119,8 @@ class CommCalculator(Calculator):
                                       kw["latency"], algorithm=kw["algorithm"], mark=kw["nbytes"],
                                       title=self._title(kw))
         except ValueError as exc:
-            self.time, self.error = None, str(exc)
-            self.result.value = error_html(exc)
+            self.time, self.error = None, self.error_text(exc)
+            self.result.value = error_html(self.error)
             self.show_figure(None)
             return
         self.time, self.error = t, None

@@ -7,7 +7,8 @@ not hide, and a plot of time and throughput against GPU count that shows where D
     >>> calc.step.total, calc.curve.stops_scaling                 # seconds; GPUs (or None)
     >>> calc.result.value, calc.figure.value                      # HTML, PNG bytes
 
-A thin view over `labkit.scaling` and `labkit.flops.flops_per_step`.
+A thin view over `labkit.scaling`, `labkit.flops.flops_per_step` and, for the memory verdict,
+`labkit.memory.estimate_memory`.
 """
 from __future__ import annotations
 
@@ -19,23 +20,28 @@ from labkit import validate
 from labkit.comm import ALGORITHMS
 from labkit.flops import flops_per_step
 from labkit.hardware import GPUS, LINKS
+from labkit.memory import estimate_memory
 from labkit.models import PRESETS
 from labkit.plots import fmt_count, png_bytes
 from labkit.plots.comm import fmt_size
 from labkit.plots.ddp import scaling_figure
 from labkit.scaling import SCALING, compute_time, ddp_step_time, gpu_counts, scaling_curve
-from labkit.widgets import (Calculator, error_html, float_field,
-                            int_field, pick, row, table_html)
+from labkit.widgets import (MFU_RANGE, Calculator, error_html, float_field, int_field,
+                            mfu_field, pick, row, table_html)
 from labkit.plots.comm import fmt_time as _fmt_time
 from labkit.widgets.comm import CUSTOM, RANGES as LINK_RANGES
+from labkit.widgets.memory import fit_verdict
 
 PLOT_UP_TO = [2**k for k in range(3, 15)]                 # 8 ... 16,384 GPUs
 # The values each number field takes (what its message names, smallest, largest).
 RANGES = {"params_b": ("custom size (billion parameters)", 1e-6, validate.MAX_PARAMS / 1e9),
           "bucket_mb": ("bucket size (MiB)", 1e-3, 1e6),
-          "compute_ms": ("compute per step (ms)", 1e-3, 1e9),
+          "compute_ms": ("compute per step (ms)", 1e-3, 1e9), "mfu": MFU_RANGE,
           **{k: LINK_RANGES[k] for k in ("bandwidth_gbs", "latency_us")}}
 TYPED = ("gpus", "batch_size", "seq_len")
+# The memory verdict's precision for each gradient dtype: DDP keeps gradients in the weights'
+# dtype, and AdamW's states beside them (16 bytes per parameter in each case).
+PRECISION = {"fp32": "fp32", "bf16": "bf16-mixed", "fp16": "fp16-mixed"}
 
 
 def _ratio(x: float) -> str:
@@ -51,13 +57,17 @@ class DDPCalculator(Calculator):
     key or "custom" with bandwidth_gbs and latency_us), algorithm (of the all-reduce),
     grad_dtype, bucket_mb (MiB, as torch's bucket_cap_mb), overlap (the share of the backward
     communication may run beside), compute
-    ("time": compute_ms; "flops": gpu, mfu, batch_size sequences of seq_len tokens per GPU).
+    ("time": compute_ms; "flops": mfu in percent of the gpu's dense peak, batch_size sequences
+    of seq_len tokens per GPU), gpu (also the memory verdict's).
     Keyword arguments set their starting values, e.g. `DDPCalculator(gpus=64, link="ib-ndr")`.
 
     A thin view over `labkit.scaling` (`ddp_step_time`, `scaling_curve`, `compute_time`) and
     `labkit.flops.flops_per_step`: it holds no formula, recomputes when any control changes, and
     keeps its results in widget traits. `step` is the last `DDPStepTime` (None while the input
-    is invalid), `curve` the `ScalingCurve` plotted, `error` the message shown instead.
+    is invalid), `curve` the `ScalingCurve` plotted, `memory` the `MemoryEstimate` of one GPU
+    (DDP replicates the model: AdamW, weights in the gradients' dtype; activations of the
+    sequences per GPU with compute from FLOPs and a preset model) and `fits` whether it fits on
+    the GPU chosen, `error` the message shown instead.
 
     The compute of one GPU's step is typed in milliseconds (measure yours), or comes from FLOPs:
     the model's training FLOPs for that GPU's sequences (`flops_per_step`; a custom size counts
@@ -91,7 +101,7 @@ class DDPCalculator(Calculator):
                              "300px", toggles=True),
             "compute_ms": float_field("compute (ms)", 500.0),
             "gpu": pick("GPU", [(g.name, k) for k, g in GPUS.items()], "h100-sxm", "380px"),
-            "mfu": pick("MFU", [(f"{p}%", p / 100) for p in range(5, 101, 5)], 0.4),
+            "mfu": mfu_field(40.0),
             "batch_size": int_field("sequences/GPU", 4, description_width="110px"),
             "seq_len": int_field("seq length", 4096, description_width="110px"),
         }
@@ -99,14 +109,14 @@ class DDPCalculator(Calculator):
         self._set_initial(initial)
         self.result = widgets.HTML()
         self.figure = widgets.Image(format="png", layout=widgets.Layout(width="860px"))
-        self.step = self.curve = None
+        self.step = self.curve = self.memory = self.fits = None
         self.error: str | None = None
         self._custom_model = row([c["params_b"]])
         self._custom_link = row([c["bandwidth_gbs"], c["latency_us"]])
         self._by_time = row([c["compute_ms"]])
-        self._by_flops = row([c["gpu"], c["mfu"], c["batch_size"], c["seq_len"]])
+        self._by_flops = row([c["mfu"], c["batch_size"], c["seq_len"]])
         self.widget = widgets.VBox([
-            row([c["model"], c["gpus"]]), self._custom_model,
+            row([c["model"], c["gpus"], c["gpu"]]), self._custom_model,
             row([c["link"], c["algorithm"]]), self._custom_link,
             row([c["max_gpus"], c["scaling"]]),
             row([c["grad_dtype"], c["bucket_mb"], c["overlap"]]),
@@ -136,10 +146,24 @@ class DDPCalculator(Calculator):
         else:
             seconds = compute_time(flops=flops_per_step(model, typed["batch_size"],
                                                         typed["seq_len"]),
-                                   gpu=c["gpu"].value, mfu=c["mfu"].value)
+                                   gpu=c["gpu"].value, mfu=self._mfu())
         return dict(model=model, gpus=gpus, compute_seconds=seconds,
                     grad_bytes=c["grad_dtype"].value, bucket_size_mb=self._number("bucket_mb"),
                     overlap=c["overlap"].value, algorithm=c["algorithm"].value, **link)
+
+    def memory_inputs(self, kw: dict) -> dict:
+        """The keyword arguments of `estimate_memory` for one GPU of this DDP run (`kw`: those
+        of `ddp_step_time`): a full replica on each of `gpus` ranks."""
+        c = self.controls
+        out = dict(dp=kw["gpus"], zero_stage=0, optimizer="adamw",
+                   precision=PRECISION[c["grad_dtype"].value])
+        if c["compute"].value == "flops" and c["model"].value != CUSTOM:
+            typed = self.read_ints(["batch_size", "seq_len"])
+            return out | dict(model=kw["model"], batch_size=typed["batch_size"],
+                              seq_len=typed["seq_len"])
+        # no sequences given: the model states alone (a parameter count has no activations)
+        size = kw["model"] if c["model"].value == CUSTOM else PRESETS[kw["model"]].num_params()
+        return out | dict(model=float(size))
 
     # ---- recomputing ---------------------------------------------------------------------
     def update(self) -> None:
@@ -152,6 +176,7 @@ class DDPCalculator(Calculator):
         try:
             kw = self.inputs()
             step = ddp_step_time(**kw)
+            memory = estimate_memory(**self.memory_inputs(kw))
             # the step above is one point of the curve: under strong scaling the global batch
             # is the one these GPUs share (n batches of one GPU), computed at n GPUs
             n, strong = kw["gpus"], c["scaling"].value == "strong"
@@ -160,13 +185,15 @@ class DDPCalculator(Calculator):
                                               batch=n if strong else 1, at_gpus=n))
             fig = scaling_figure(curve, mark=n, title=self._title(kw))
         except ValueError as exc:
-            self.step = self.curve = None
-            self.error = str(exc)
-            self.result.value = error_html(exc)
+            self.step = self.curve = self.memory = self.fits = None
+            self.error = self.error_text(exc)
+            self.result.value = error_html(self.error)
             self.show_figure(None)
             return
-        self.step, self.curve, self.error = step, curve, None
-        self.result.value = self._result_html(step, curve)
+        gpu = GPUS[c["gpu"].value]
+        self.step, self.curve, self.memory, self.error = step, curve, memory, None
+        self.fits = memory.total <= gpu.memory
+        self.result.value = self._result_html(step, curve) + self._memory_html(memory, gpu)
         self.show_figure(png_bytes(fig))
 
     # ---- views ---------------------------------------------------------------------------
@@ -209,3 +236,13 @@ class DDPCalculator(Calculator):
             ("speedup over one GPU", f"{point.speedup:,.2f} x"),
         ]
         return head + table_html(rows, header=("", ""))
+
+    def _memory_html(self, memory, gpu) -> str:
+        """The memory verdict: DDP keeps the whole model on every GPU."""
+        counted = ("weights, gradients, AdamW states and the activations of "
+                   f"{memory.inputs.get('batch_size', 1):,} sequence(s)" if memory.activations
+                   else "weights, gradients and AdamW states; activations not counted")
+        more = ("" if self.fits else " DDP keeps a full replica on every GPU, whatever their "
+                "number: shard it with ZeRO or FSDP (modules 04 and 05).")
+        return (f'<div class="labkit-verdict labkit-fit">Memory: {fit_verdict(memory, gpu)} '
+                f"({counted}.){more}</div>")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import ipywidgets as widgets
 
 from labkit.fsdp import DTYPE_BYTES, OPTIMIZERS, fsdp_communication, fsdp_memory
-from labkit.hardware import LINKS
+from labkit.hardware import GPUS, LINKS
 from labkit.models import PRESETS
 from labkit.plots import GB, png_bytes
 from labkit.plots.comm import fmt_time
@@ -23,6 +23,7 @@ from labkit.plots.fsdp_calc import fsdp_bars, overhead_curve
 from labkit.resilience import (KINDS, checkpoint_bytes, job_mtbf, overhead, write_seconds,
                                young_daly_interval)
 from labkit.widgets import Calculator, error_html, float_field, int_field, pick, row, table_html
+from labkit.widgets.memory import fit_verdict
 
 RESHARD = [("True (ZeRO-3)", "true"), ("False (ZeRO-2-like)", "false"), ("int k", "int")]
 
@@ -33,9 +34,12 @@ def _models():
 
 class FSDPCalculator(Calculator):
     """Controls: model, dp, per_block, reshard ("true", "false", "int" with reshard_k),
-    param_dtype, reduce_dtype ("same" = param_dtype), prefetch, optimizer, offload, link."""
+    param_dtype, reduce_dtype ("same" = param_dtype), prefetch, optimizer, offload, link, gpu.
+    `memory` (FSDPMemory of the busiest rank) and `comm` are the last results, `fits` whether
+    that memory (a lower bound) fits on the GPU chosen; None while the input is invalid."""
 
     ranges: dict = {}
+    arguments = {"reshard_after_forward": "reshard_k"}
 
     def __init__(self, **initial):
         dtypes = list(DTYPE_BYTES)
@@ -51,18 +55,19 @@ class FSDPCalculator(Calculator):
             "optimizer": pick("optimizer", list(OPTIMIZERS), "adamw"),
             "offload": pick("CPU offload", [("off", False), ("on", True)], False),
             "link": pick("link", [(v.name, k) for k, v in LINKS.items()], "ib-ndr", "380px"),
+            "gpu": pick("GPU", [(g.name, k) for k, g in GPUS.items()], "h100-sxm", "380px"),
         }
         self.controls: dict[str, widgets.Widget] = c
         self._set_initial(initial)
         self.result = widgets.HTML()
         self.figure = widgets.Image(format="png", layout=widgets.Layout(width="640px"))
-        self.memory = self.comm = None
+        self.memory = self.comm = self.fits = None
         self.error: str | None = None
         self.widget = widgets.VBox([
             row([c["model"], c["dp"], c["per_block"]]), row([c["reshard"], c["reshard_k"],
                                                              c["prefetch"]]),
             row([c["param_dtype"], c["reduce_dtype"], c["optimizer"], c["offload"]]),
-            row([c["link"]]), self.result, self.figure])
+            row([c["link"], c["gpu"]]), self.result, self.figure])
         self._watch()
         self.update()
 
@@ -86,13 +91,14 @@ class FSDPCalculator(Calculator):
                                  offload=c["offload"].value)
             comm = fsdp_communication(**kw)
         except ValueError as exc:
-            self.memory = self.comm = None
-            self.error = str(exc)
-            self.result.value = error_html(exc)
+            self.memory = self.comm = self.fits = None
+            self.error = self.error_text(exc)
+            self.result.value = error_html(self.error)
             self.show_figure(None)
             return
         self.memory, self.comm, self.error = memory, comm, None
-        link = LINKS[c["link"].value]
+        link, gpu = LINKS[c["link"].value], GPUS[c["gpu"].value]
+        self.fits = memory.total <= gpu.memory
         rows = [(k, f"{v / GB:,.3f}", memory.explain.get(k, "")) for k, v in (
             ("params", memory.params), ("grads", memory.grads),
             ("optimizer_states", memory.optimizer_states),
@@ -102,9 +108,9 @@ class FSDPCalculator(Calculator):
         ops = ", ".join(f"{n} {op.replace('_', '-')} ({b / GB:,.3f} GB sent)"
                         for op, (n, b) in comm.by_op.items()) or "none"
         self.result.value = (
-            f'<div class="labkit-verdict">Per rank: <b>{memory.total / GB:,.2f} GB</b> '
-            "(a lower bound: activations, unsharded gradients and the collectives' buffers not "
-            f"counted). Per step: {ops}; "
+            f'<div class="labkit-verdict">{fit_verdict(memory, gpu, " (the busiest rank)")} '
+            "That is a lower bound: activations, unsharded gradients and the collectives' "
+            f"buffers are not counted. Per step: {ops}; "
             f"{fmt_time(comm.time(link.bandwidth, link.latency))} on {link.name} if not "
             "overlapped.</div>" + table_html(rows, header=["term", "GB", "what it is"]))
         self.show_figure(png_bytes(fsdp_bars({"this setting": memory},
@@ -115,8 +121,8 @@ class CheckpointCalculator(Calculator):
     """Controls: model, kind ("training" / "export"), gpus, rate_pct (per-GPU daily failure
     rate, %), bandwidth_gbs (storage, GB/s), per_node (bandwidth per node) with gpus_per_node."""
 
-    ranges = {"rate_pct": ("rate_pct (% per GPU per day)", 1e-9, 100.0),
-              "bandwidth_gbs": ("bandwidth_gbs (GB/s)", 1e-9, 1e9)}
+    ranges = {"rate_pct": ("failures %/GPU/day", 1e-9, 100.0),
+              "bandwidth_gbs": ("storage GB/s", 1e-9, 1e9)}
 
     def __init__(self, **initial):
         c = {
@@ -146,7 +152,7 @@ class CheckpointCalculator(Calculator):
             ints = self.read_ints(["gpus", "gpus_per_node"])
             mtbf = job_mtbf(ints["gpus"], self._number("rate_pct") / 100)   # checks gpus
             if ints["gpus_per_node"] < 1:
-                raise ValueError(f"gpus_per_node={ints['gpus_per_node']} must be a whole number "
+                raise ValueError(f"GPUs per node={ints['gpus_per_node']} must be a whole number "
                                  ">= 1")
             nodes = -(-ints["gpus"] // ints["gpus_per_node"])
             size = checkpoint_bytes(c["model"].value, c["kind"].value)
@@ -156,8 +162,8 @@ class CheckpointCalculator(Calculator):
             lost = overhead(tau, t, mtbf)
         except ValueError as exc:
             self.size = self.write_time = self.mtbf = self.interval = self.overhead = None
-            self.error = str(exc)
-            self.result.value = error_html(exc)
+            self.error = self.error_text(exc)
+            self.result.value = error_html(self.error)
             self.show_figure(None)
             return
         self.size, self.write_time, self.mtbf, self.interval, self.overhead = \

@@ -35,7 +35,7 @@ CUSTOM_FIELDS = {
 }
 TYPED = ("batch_size", "microbatches", "dp")     # typed whole numbers besides the custom shape
 _TERM_NAMES = {"params": "weights", "grads": "gradients", "optimizer_states": "optimizer states",
-               "activations": "activations"}
+               "activations": "activations", "unsharded_peak": "unsharded weights at the peak"}
 _SPLIT_NAMES = {"num_heads": "{:,} attention heads", "num_kv_heads": "{:,} KV heads",
                 "ffn_size": "an MLP width of {:,}"}
 
@@ -59,6 +59,24 @@ def _pick(description, options, value, width="250px", **style):
                     layout=widgets.Layout(width=width))
 
 
+def fit_verdict(memory, gpu, where: str = "") -> str:
+    """'Fits on one H100 SXM: 60 GB per GPU, 75% of its 80 GB.' or 'Does not fit ...: needs
+    ..., and the largest term', as HTML: the verdict every calculator that prices a setting
+    shows. memory: a MemoryEstimate or FSDPMemory (its `total` and the terms it has of
+    params, grads, optimizer_states, activations, unsharded_peak), in bytes per GPU."""
+    share = memory.total / gpu.memory
+    if memory.total <= gpu.memory:
+        return (f'<b style="color:#1b7f3b">Fits</b> on one {html.escape(gpu.name)}: '
+                f"{fmt_bytes(memory.total)} per GPU{where}, {share:.0%} of its "
+                f"{fmt_bytes(gpu.memory)}.")
+    terms = {k: getattr(memory, k) for k in _TERM_NAMES if hasattr(memory, k)}
+    big = max(terms, key=terms.get)
+    return (f'<b style="color:#b00020">Does not fit</b> on one {html.escape(gpu.name)}: '
+            f"needs {fmt_bytes(memory.total)} per GPU{where}, {share:.0%} of its "
+            f"{fmt_bytes(gpu.memory)}. The largest term is {_TERM_NAMES[big]} "
+            f"({fmt_bytes(terms[big])}).")
+
+
 class MemoryCalculator(Calculator):
     """Per-GPU training memory, with a stacked-bar figure and a "fits on this GPU?" verdict.
 
@@ -78,6 +96,9 @@ class MemoryCalculator(Calculator):
     sequence length chosen, the calculator moves it to the nearest value that works and says so
     in `note`.
     """
+
+    # the custom shape's fields are labelled by their control names (`hidden`, not hidden_size)
+    arguments = {field: name for name, (field, _) in CUSTOM_FIELDS.items()}
 
     def __init__(self, **initial):
         presets = [(f"{k} ({fmt_count(PRESETS[k].num_params())} params)", k) for k in PRESETS]
@@ -243,8 +264,8 @@ class MemoryCalculator(Calculator):
             by_stage = {f"ZeRO-{z}": estimate_memory(**{**kwargs, "zero_stage": z})
                         for z in ZERO_STAGES}
         except ValueError as exc:
-            self.estimate, self.error = None, str(exc)
-            self.verdict.value = error_html(exc)
+            self.estimate, self.error = None, self.error_text(exc)
+            self.verdict.value = error_html(self.error)
             self.breakdown.value = ""
             self.show_figure(None)
             return
@@ -267,20 +288,8 @@ class MemoryCalculator(Calculator):
 
     @staticmethod
     def _verdict_html(est, gpu) -> str:
-        share = est.total / gpu.memory
         where = f" (pipeline stage {est.stage}, the fullest)" if len(est.per_stage) > 1 else ""
-        if est.fits(gpu):
-            head = (f'<b style="color:#1b7f3b">Fits</b> on one {html.escape(gpu.name)}: '
-                    f"{fmt_bytes(est.total)} per GPU{where}, {share:.0%} of its "
-                    f"{fmt_bytes(gpu.memory)}.")
-        else:
-            terms = {k: getattr(est, k) for k in _TERM_NAMES}
-            big = max(terms, key=terms.get)
-            head = (f'<b style="color:#b00020">Does not fit</b> on one {html.escape(gpu.name)}: '
-                    f"needs {fmt_bytes(est.total)} per GPU{where}, {share:.0%} of its "
-                    f"{fmt_bytes(gpu.memory)}. The largest term is {_TERM_NAMES[big]} "
-                    f"({fmt_bytes(terms[big])}).")
-        return f'<div class="labkit-verdict">{head}</div>'
+        return f'<div class="labkit-verdict">{fit_verdict(est, gpu, where)}</div>'
 
     @staticmethod
     def _breakdown_html(est, kw) -> str:

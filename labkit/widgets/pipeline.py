@@ -45,6 +45,7 @@ class PipelineCalculator(Calculator):
     widget traits; bad input shown as a message."""
 
     ranges = RANGES
+    arguments = {"pp": "stages"}            # activation_memory's name for the stages
 
     def __init__(self, **initial):
         w = "110px"
@@ -123,8 +124,8 @@ class PipelineCalculator(Calculator):
         except ValueError as exc:
             self.pipeline = self.formula = self.in_flight = self.activations = None
             self.messages = None
-            self.error = str(exc)
-            self.result.value = error_html(exc)
+            self.error = self.error_text(exc)
+            self.result.value = error_html(self.error)
             self.show_figure(None)
             return
         self.pipeline, self.formula, self.activations = result, formula, memory

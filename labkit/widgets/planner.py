@@ -20,13 +20,14 @@ from labkit.models import PRESETS
 from labkit.planner import decide, evaluate, plan
 from labkit.plots import GB, png_bytes
 from labkit.plots.planner import plan_figure
-from labkit.widgets import Calculator, error_html, float_field, int_field, pick, row, table_html
+from labkit.widgets import (MFU_RANGE, Calculator, error_html, int_field, mfu_field, pick, row,
+                            table_html)
 
 # GPUs planned at each change: about 1.4 s for 65,536 and up to 4 s for counts with many
 # divisors (27,720) on a loaded laptop core; the planner itself takes up to validate.MAX_RANKS.
 MAX_GPUS = 131072
 MAX_TOP = 30                    # layouts listed and drawn
-RANGES = {"mfu": ("mfu (share of peak)", 1e-3, 1.0)}
+RANGES = {"mfu": MFU_RANGE}
 HEADER = ["#", "dp", "tp", "pp", "cp", "sharding", "b", "m", "recompute", "step s", "compute",
           "tp comm", "cp comm", "pp sends", "dp comm", "bubble", "GB/GPU", "tokens/s", "MFU %"]
 
@@ -40,10 +41,11 @@ def cached_plan(model, gpus, gpu, gpus_per_node, global_batch, seq_len, mfu):
 
 class PlannerCalculator(Calculator):
     """Controls: model, gpus, gpu, gpus_per_node, global_batch (sequences per step), seq_len,
-    mfu, top (layouts listed and drawn). `plan` (the Plan), `shown` (the Estimates drawn: the
-    `top` fastest, or when nothing fits the `top` leanest, over the capacity) and `decision`
-    (`labkit.planner.decide` of the plan: the lever to turn on first) are the last results
-    (None while the input is invalid), `error` the message shown instead.
+    mfu (percent of the GPU's dense peak), top (layouts listed and drawn). `plan` (the Plan),
+    `shown` (the Estimates drawn: the `top` fastest, or when nothing fits the `top` leanest,
+    over the capacity) and `decision` (`labkit.planner.decide` of the plan: the lever to turn
+    on first) are the last results (None while the input is invalid), `error` the message shown
+    instead.
 
     A thin view: no formula of its own; results in widget traits; bad input shown as a message.
     When nothing fits it shows the reason and the `top` leanest layouts, priced by
@@ -62,7 +64,7 @@ class PlannerCalculator(Calculator):
             "gpus_per_node": int_field("GPUs per node", 8, description_width=w),
             "global_batch": int_field("global batch", 512, description_width=w),
             "seq_len": int_field("seq length", 8192, description_width=w),
-            "mfu": float_field("MFU", 0.5),
+            "mfu": mfu_field(50.0),
             "top": int_field("top K", 8, description_width=w),
         }
         self.controls: dict[str, widgets.Widget] = c
@@ -89,7 +91,7 @@ class PlannerCalculator(Calculator):
             raise ValueError(f"gpus={typed['gpus']:,} is more than this calculator plans at each "
                              f"change; allowed: 1 to {MAX_GPUS:,} (labkit.planner.plan takes "
                              "more)")
-        return dict(model=c["model"].value, gpu=c["gpu"].value, mfu=self._number("mfu"), **typed)
+        return dict(model=c["model"].value, gpu=c["gpu"].value, mfu=self._mfu(), **typed)
 
     def top(self) -> int:
         return validate.positive_int("top K", self.read_ints(["top"])["top"], MAX_TOP)
@@ -103,8 +105,8 @@ class PlannerCalculator(Calculator):
                                      for r in p.leanest(k)]
         except ValueError as exc:
             self.plan = self.shown = self.decision = None
-            self.error = str(exc)
-            self.result.value = error_html(exc)
+            self.error = self.error_text(exc)
+            self.result.value = error_html(self.error)
             self.rejections.value = self.ladder.value = ""
             self.show_figure(None)
             return

@@ -4,8 +4,9 @@ by the bank, with the worked explanation; at the end the score by topic and diff
     >>> from labkit.widgets.quiz import QuizWidget
     >>> quiz = QuizWidget(topic="pp", count=3, seed=1)
     >>> quiz.start.click()                       # the session: quiz.session (Attempts)
-    >>> quiz.answer.value = "12.5"               # numeric; choice: quiz.choice.value = "b"
-    >>> quiz.submit.click(); quiz.feedback.value  # verdict, expected answer, explanation
+    >>> quiz.answer.value = "12.5"               # numeric, as Enter sends it: submitted
+    >>> quiz.choice.value = "b"; quiz.submit.click()   # choice: pick, then Submit
+    >>> quiz.feedback.value                      # verdict, expected answer, explanation
     >>> quiz.next.click()                        # ... after the last: quiz.score_html.value
 """
 from __future__ import annotations
@@ -38,12 +39,13 @@ def draw_session(topic=None, difficulty=None, count=None, seed=None) -> list:
                                               seed=seed)]
 
 
-def seed_claim_text(attempt) -> str | None:
-    """The seed article's wrong claim for this question, or None."""
-    claim = attempt.seed_claim
+def article_claim_text(attempt) -> str | None:
+    """The wrong claim of a popular article (cited by title and author) that this question
+    corrects, or None."""
+    claim = attempt.article_claim
     if not claim:
         return None
-    return (f"A seed article ({claim['source']}) says {claim['wrong']}; that is wrong: "
+    return (f"A popular article, {claim['source']}, says {claim['wrong']}; that is wrong: "
             f"{claim['why']}")
 
 
@@ -70,8 +72,11 @@ class QuizWidget(Calculator):
     `result` the Score at the end (else None), `seed` the session's seed.
 
     Each answer is checked by the bank (the expected value computed by labkit for the numbers
-    drawn), with the worked explanation and, where a seed article got the question wrong, its
-    wrong figure; the score has a breakdown by topic and difficulty (`labkit.quiz.score`).
+    drawn), with the worked explanation and, where a popular article got the question wrong,
+    its wrong figure; the score has a breakdown by topic and difficulty (`labkit.quiz.score`).
+    Enter in the answer box submits (as Submit does); an answer that is no number (or no
+    option) gets a message and the question stays open: it is not scored and the answer is not
+    shown.
 
     Timed mode: an answer submitted more than `seconds_per_question` after its question was
     shown counts as wrong ("time up"). Time is read from `clock` when the question is shown and
@@ -98,8 +103,11 @@ class QuizWidget(Calculator):
         self.fixed_seed, self.clock = seed, clock
         self.message = widgets.HTML()
         self.question_html = widgets.HTML()
-        # synced as typed (continuous), so a click on Submit never races a pending change
-        self.answer = widgets.Text(description="answer", placeholder="a number",
+        # Enter submits: the box sends its value on Enter (or when it loses focus, as a click
+        # on Submit makes it), and a new value while a question is open is an answer
+        # (ipywidgets 8's replacement for the deprecated Text.on_submit)
+        self.answer = widgets.Text(description="answer", placeholder="a number, then Enter",
+                                   continuous_update=False,
                                    layout=widgets.Layout(width="300px"))
         self.unit = widgets.Label()
         # lettered buttons; the options' text is in question_html, where long lines wrap (a
@@ -132,6 +140,7 @@ class QuizWidget(Calculator):
             w.add_class(f"labkit-control-{name}")
         for w in (self.timed, self.topic, self.difficulty):
             w.observe(self._on_change, names="value")
+        self.answer.observe(self._on_typed, names="value")
         self.start.on_click(lambda _: self.begin())
         self.submit.on_click(lambda _: self.answer_question())
         self.next.on_click(lambda _: self.advance())
@@ -233,6 +242,11 @@ class QuizWidget(Calculator):
             verdict = time_up(a, given, elapsed, self.allowed)
         else:
             verdict = a.check(given)
+        if not verdict.readable:                  # no answer at all: say why, ask again
+            self.feedback.value = (f'<div class="labkit-error" style="color:#b00020">'
+                                   f"Not an answer yet: {esc(verdict.message)}. Try again."
+                                   "</div>")
+            return
         self.attempts.append((a, verdict))
         self.feedback.value = self._feedback(a, verdict, elapsed)
         if len(self.attempts) == len(self.session):
@@ -242,6 +256,12 @@ class QuizWidget(Calculator):
         else:
             self.state = "answered"
         self._show()
+
+    def _on_typed(self, change) -> None:
+        """Enter in the answer box: submit what it holds (clearing it for the next question,
+        or an empty box, submits nothing)."""
+        if self.state == "asking" and str(change["new"]).strip():
+            self.answer_question()
 
     def advance(self) -> None:
         """The next question (Next), once the current one is answered."""
@@ -271,9 +291,9 @@ class QuizWidget(Calculator):
                  + (f" · answered in {elapsed:,.1f} s of {self.allowed:g} s"
                     if self.allowed is not None and elapsed <= self.allowed else "") + "</p>",
                  f"<p>{esc(a.explanation)}</p>"]
-        claim = seed_claim_text(a)
+        claim = article_claim_text(a)
         if claim:
-            parts.append(f'<p class="labkit-quiz-seed"><i>{esc(claim)}</i></p>')
+            parts.append(f'<p class="labkit-quiz-article"><i>{esc(claim)}</i></p>')
         return '<div class="labkit-quiz-feedback">' + "".join(parts) + "</div>"
 
     def _score(self) -> str:

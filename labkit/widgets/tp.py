@@ -21,15 +21,18 @@ from labkit.plots import GB, png_bytes
 from labkit.plots.comm import fmt_time
 from labkit.plots.tp_calc import tp_time_figure
 from labkit.tp import GPUS_PER_NODE, first_crossing, sweep_degrees, tp_cost, tp_sweep
-from labkit.widgets import Calculator, error_html, float_field, int_field, pick, row, table_html
+from labkit.widgets import (MFU_RANGE, Calculator, error_html, int_field, mfu_field, pick, row,
+                            table_html)
+from labkit.widgets.memory import fit_verdict
 
 COMPARED = ("nvlink4", "ib-ndr")        # drawn beside the link chosen
-RANGES = {"mfu": ("mfu (share of peak)", 1e-3, 1.0)}
+RANGES = {"mfu": MFU_RANGE}
 
 
 class TPCalculator(Calculator):
     """Controls: model, tp, batch_size (sequences per micro-batch), seq_len, precision,
-    sequence_parallel, link, gpu, mfu. `cost` (TPCost for the setting), `sweeps` ({link key:
+    sequence_parallel, link, gpu, mfu (percent of the GPU's dense peak). `cost` (TPCost for the
+    setting; its memory says whether a rank fits on the GPU: `fits`), `sweeps` ({link key:
     {tp: TPCost}}) and `crossings` ({link key: first tp with comm >= compute, or None}) are the
     last results (None while the input is invalid), `error` the message shown instead."""
 
@@ -46,13 +49,13 @@ class TPCalculator(Calculator):
             "link": pick("TP link", [(f"{v.name}: {v.bandwidth / 1e9:,.1f} GB/s per direction",
                                       k) for k, v in LINKS.items()], "nvlink4", "420px"),
             "gpu": pick("GPU", [(g.name, k) for k, g in GPUS.items()], "h100-sxm", "380px"),
-            "mfu": float_field("MFU", 0.5),
+            "mfu": mfu_field(50.0),
         }
         self.controls: dict[str, widgets.Widget] = c
         self._set_initial(initial)
         self.result = widgets.HTML()
         self.figure = widgets.Image(format="png", layout=widgets.Layout(width="860px"))
-        self.cost = self.sweeps = self.crossings = None
+        self.cost = self.sweeps = self.crossings = self.fits = None
         self.error: str | None = None
         self.widget = widgets.VBox([
             row([c["model"], c["tp"], c["batch_size"], c["seq_len"]]),
@@ -67,7 +70,7 @@ class TPCalculator(Calculator):
         c = self.controls
         typed = self.read_ints(["tp", "batch_size", "seq_len"])
         return dict(model=c["model"].value, tp=typed["tp"], link=c["link"].value,
-                    gpu=c["gpu"].value, mfu=self._number("mfu"),
+                    gpu=c["gpu"].value, mfu=self._mfu(),
                     batch_size=typed["batch_size"], seq_len=typed["seq_len"],
                     precision=c["precision"].value,
                     sequence_parallel=c["sequence_parallel"].value)
@@ -81,14 +84,15 @@ class TPCalculator(Calculator):
             sweeps = {k: tp_sweep(degrees=degrees, link=k, **rest)
                       for k in dict.fromkeys((kw["link"],) + COMPARED)}
         except ValueError as exc:
-            self.cost = self.sweeps = self.crossings = None
-            self.error = str(exc)
-            self.result.value = error_html(exc)
+            self.cost = self.sweeps = self.crossings = self.fits = None
+            self.error = self.error_text(exc)
+            self.result.value = error_html(self.error)
             self.show_figure(None)
             return
         self.cost, self.sweeps, self.error = cost, sweeps, None
         self.crossings = {k: first_crossing(v) for k, v in sweeps.items()}
-        self.result.value = self._verdict(cost) + self._table(cost)
+        self.fits = cost.memory.total <= cost.gpu.memory
+        self.result.value = self._verdict(cost) + self._fit(cost) + self._table(cost)
         self.show_figure(png_bytes(tp_time_figure(
             sweeps, current=kw["tp"], title=f"{kw['model']}, micro-batch {kw['batch_size']:,} "
             f"x {kw['seq_len']:,} tokens, {cost.gpu.name} at {100 * kw['mfu']:.3g} % MFU")))
@@ -109,6 +113,14 @@ class TPCalculator(Calculator):
                 f"{100 * cost.efficiency_no_overlap:,.1f} % without overlap, at most "
                 f"{100 * cost.efficiency_full_overlap:,.1f} % with full overlap. "
                 f"Communication exceeds compute from: {crossed}.{node}</div>")
+
+    @staticmethod
+    def _fit(cost) -> str:
+        """The memory verdict for one rank: the whole model split over tp (no dp sharding)."""
+        verdict = fit_verdict(cost.memory, cost.gpu)
+        return (f'<div class="labkit-verdict labkit-fit">Memory: {verdict} '
+                "(weights split over tp, their gradients and AdamW states, and the activations "
+                "of one micro-batch; no pipeline or ZeRO sharding.)</div>")
 
     @staticmethod
     def _table(cost) -> str:

@@ -151,8 +151,8 @@ class ZeROCalculator(Calculator):
                 for z in stages}
         except ValueError as exc:
             self.estimates = self.comms = self.offload = None
-            self.error = str(exc)
-            self.result.value = error_html(exc)
+            self.error = self.error_text(exc)
+            self.result.value = error_html(self.error)
             self._show(None, None)
             return
         self.estimates, self.comms, self.offload, self.error = estimates, comms, costs, None

@@ -81,8 +81,55 @@ def test_run_with_a_patched_stdin():
     for a in asked:                                         # each verdict with its explanation
         assert a.expected_text in shown and a.explanation in shown
     for a in asked:
-        if a.seed_claim:
-            assert a.seed_claim["wrong"] in shown and a.seed_claim["source"] in shown
+        if a.article_claim:
+            assert a.article_claim["wrong"] in shown and a.article_claim["source"] in shown
+    assert "seeds/" not in shown and "seed article" not in shown.lower()
+
+
+def test_popular_articles_are_cited_by_title_and_author():
+    """It printed 'A seed article (seeds/003_71cd8334a14642c0.txt) says ...'."""
+    from labkit.quiz.articles import ARTICLES
+
+    with_claim = [q for q in load_bank() if q.article_claim]
+    topic = with_claim[0].topic
+    n = len(select(topic=topic))
+    feed = "".join(wrong(a) + "\n" for a in session(n, 0, topic=topic))
+    out = io.StringIO()
+    assert cli.run(parse(["--topic", topic, "--count", str(n), "--seed", "0"]),
+                   stdin=io.StringIO(feed), out=out) == 0
+    shown = out.getvalue()
+    cited = [c for c in ARTICLES.values() if f"A popular article, {c}, says" in shown]
+    assert cited, shown[-3000:]
+    assert "seeds/" not in shown and "seed article" not in shown.lower()
+
+
+@pytest.mark.parametrize("junk", ["", "   ", "abc", "twelve", "1,5"])
+def test_an_empty_or_non_number_line_is_asked_again_not_scored(junk):
+    """An accidental Enter (or a word) was scored wrong and the answer shown: now the question
+    is asked again, and the answer appears only after a real answer."""
+    seed = 8
+    first = session(1, seed)[0]
+    answer = right(first)
+    out = io.StringIO()
+    feed = f"{junk}\n{junk}\n{answer}\n"
+    assert cli.run(parse(["--count", "1", "--seed", str(seed)]), stdin=io.StringIO(feed),
+                   out=out) == 0
+    shown = out.getvalue()
+    assert score_of(shown) == (1, 1) and "[wrong]" not in shown
+    assert shown.count("Not an answer yet") == 2
+    before = shown.split("[right]")[0]
+    assert f"Answer: {first.expected_text}" not in before
+    assert shown.count("answer> ") == 3                     # asked again after each
+
+
+def test_junk_then_the_end_of_input_reveals_nothing():
+    a = session(1, 3)[0]
+    out = io.StringIO()
+    assert cli.run(parse(["--count", "1", "--seed", "3"]), stdin=io.StringIO("\nxyz\n"),
+                   out=out) == 0
+    shown = out.getvalue()
+    assert score_of(shown) == (0, 1) and "end of input" in shown
+    assert "Answer:" not in shown and a.explanation not in shown
 
 
 def test_labkit_quiz_command(monkeypatch, capsys):

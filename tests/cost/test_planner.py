@@ -29,7 +29,6 @@ congestion. Measured ratios (predicted / reported): GPT-3 0.90, 310B 0.84, 1T 0.
 from __future__ import annotations
 
 import random
-import time
 
 import pytest
 
@@ -70,10 +69,10 @@ def test_published_layouts_fit_and_match_reported_throughput(name):
     assert "NVLink" in e.links["tp"] and "NVLink" not in e.links["pp"]
 
 
-def test_llama3_405b_on_16k_gpus_reaches_its_reported_layout_family_quickly():
-    t = time.perf_counter()
+def test_llama3_405b_on_16k_gpus_reaches_its_reported_layout_family():
+    # How fast the planner searches is `labkit bench planner`'s figure (a target there, not a
+    # timed test: a loaded machine made this fail, issue 28 item 14).
     p = plan("llama3-405b", 16384, gpu="h100-sxm", global_batch=2048, seq_len=8192)
-    assert time.perf_counter() - t < 10            # about 0.6 s on a loaded 2-core machine
     best = p.best.layout
     assert best.tp == 8 and best.pp > 1            # TP fills the node, PP across nodes
     reported = [e for e in p.ranked if (e.layout.tp, e.layout.pp, e.layout.dp, e.layout.cp)

@@ -3,7 +3,7 @@ every question in labkit/quiz/data, whoever wrote it.
 
 For every question and three seeds: the answer function returns a finite number (numeric) or
 its verify function says the correct option holds (choice); the statement, the explanation,
-the options and the seed claim render with no placeholder left; the check accepts the expected
+the options and the article claim render with no placeholder left; the check accepts the expected
 answer, bare and with its unit, and rejects one 10 % off. Parametrised questions must draw
 different numbers. A few answers are recomputed here in closed form from the primary sources'
 formulas, independently of the answer functions.
@@ -11,7 +11,6 @@ formulas, independently of the answer functions.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 import re
 
 import pytest
@@ -20,7 +19,6 @@ from labkit.quiz import TOPICS, Attempt, Score, Verdict, get, load_bank, score, 
 
 BANK = load_bank()
 SEEDS = (0, 1, 2)
-SEED_DIR = Path("/work/shared/seeds")
 LEFTOVER = re.compile(r"[{}]")
 
 
@@ -28,8 +26,8 @@ def texts(a: Attempt):
     yield a.statement
     yield a.explanation
     yield from a.options
-    if a.seed_claim:
-        yield from a.seed_claim.values()
+    if a.article_claim:
+        yield from a.article_claim.values()
 
 
 def wrong_by_ten_percent(a: Attempt) -> float:
@@ -57,14 +55,34 @@ def test_bank_mixes_kinds_and_difficulties():
     assert len(drawn) >= len(numeric) / 2, "most numeric questions should draw their numbers"
 
 
-def test_seed_claims_name_real_seed_files():
-    claims = [q for q in BANK if q.seed_claim]
-    assert len(claims) >= 20, f"only {len(claims)} questions carry a seed article's wrong claim"
-    if not SEED_DIR.is_dir():
-        pytest.skip(f"{SEED_DIR} is not on this machine")
-    missing = {q.id: q.seed_claim["source"] for q in claims
-               if not (SEED_DIR.parent / q.seed_claim["source"]).is_file()}
-    assert not missing, f"seed_claim sources that do not exist: {missing}"
+def test_article_claims_cite_their_article_by_title_and_author():
+    """The quiz cited `seeds/003_71cd8334a14642c0.txt`, a file learners do not have; each claim
+    now names a known article, and the attempt cites it as ARTICLES does."""
+    from labkit.quiz.articles import ARTICLES
+
+    claims = [q for q in BANK if q.article_claim]
+    assert len(claims) >= 20, f"only {len(claims)} questions carry a popular article's claim"
+    assert {q.article_claim["source"] for q in claims} <= set(ARTICLES)
+    for q in claims:
+        assert q.draw(0).article_claim["source"] == ARTICLES[q.article_claim["source"]]
+
+
+def _quiz_texts():
+    """Every text a learner can see from a question, at three seeds."""
+    for q in BANK:
+        for seed in SEEDS:
+            a = q.draw(seed)
+            yield q.id, [*texts(a), a.expected_text]
+
+
+def test_no_quiz_text_names_seed_files_or_seed_articles():
+    from labkit.quiz.articles import ARTICLES
+
+    for qid, shown in _quiz_texts():
+        for text in shown:
+            assert "seeds/" not in text and "seed article" not in text.lower(), (qid, text)
+    for citation in ARTICLES.values():
+        assert "seed" not in citation.lower() and ".txt" not in citation
 
 
 # ---- every question ----------------------------------------------------------------------------
@@ -227,6 +245,50 @@ def test_select_filters_and_samples():
         select(difficulty=4)
 
 
+def _formula(q) -> str:
+    return q.answer or q.verify
+
+
+@pytest.mark.parametrize("topic", [None, *TOPICS])
+def test_a_draw_covers_different_formulas_before_it_repeats_one(topic):
+    """A 5-question --topic pp draw gave 4 questions computed by the same function (the idle
+    share): no formula comes twice before every formula of the pool has come once."""
+    pool = select(topic=topic)
+    formulas = {_formula(q) for q in pool}
+    for seed in range(20):
+        for count in (5, len(formulas), len(pool)):
+            drawn = select(topic=topic, count=min(count, len(pool)), seed=seed)
+            assert len({q.id for q in drawn}) == len(drawn)
+            first = [_formula(q) for q in drawn[:len(formulas)]]
+            assert len(set(first)) == len(first), (topic, seed, count, first)
+
+
+def test_pp_draws_of_five_have_five_formulas():
+    for seed in range(50):
+        assert len({_formula(q) for q in select(topic="pp", count=5, seed=seed)}) == 5, seed
+
+
+@pytest.mark.parametrize("response", ["", "   ", "abc", "twelve", "1,5", "nan", "inf",
+                                      "12 parsecs", None])
+def test_a_response_that_is_no_number_is_not_an_answer(response):
+    """It was scored wrong, and the quiz then showed the answer: `readable` is False, and the
+    message neither scores it nor gives the expected value."""
+    q = next(q for q in BANK if q.kind == "numeric" and q.unit == "GB")
+    a = q.draw(0)
+    v = a.check(response)
+    assert not v.readable and not v.correct, v
+    assert a.expected_text not in v.message and f"{a.expected:g}" not in v.message, v.message
+    assert a.check(repr(a.expected)).readable and a.check(repr(2 * a.expected + 1)).readable
+
+
+@pytest.mark.parametrize("response", ["", "z", "(q)", "bb", "the first one"])
+def test_a_choice_that_is_no_option_is_not_an_answer(response):
+    a = next(q for q in BANK if q.kind == "choice").draw(0)
+    v = a.check(response)
+    assert not v.readable and not v.correct and a.expected_text not in v.message
+    assert a.check(a.expected).readable and a.check(a.expected).correct
+
+
 def test_get_suggests_close_ids():
     with pytest.raises(ValueError, match="did you mean zero-states-per-gpu"):
         get("zero-state-per-gpu")
@@ -274,8 +336,10 @@ GOOD = """\
     (("  unit: GiB\n", "  unit: GiB\n  tolerance: 0.2\n"), "tolerance=0.2 must be a relative tolerance from 0 to 0.05"),
     (("  unit: GiB\n", "  unit: GiB\n  colour: red\n"), "unknown field(s) colour"),
     (("[h100-sxm, a100-40gb]", "[]"), "params.gpu=[] must be a non-empty list"),
-    (("  unit: GiB\n", "  unit: GiB\n  seed_claim: {source: blog.md, wrong: x, why: y}\n"),
-     "seed_claim.source='blog.md' must be 'seeds/<file>.md'"),
+    (("  unit: GiB\n", "  unit: GiB\n  article_claim: {source: blog.md, wrong: x, why: y}\n"),
+     "article_claim.source='blog.md' is not a known article; allowed: mage-7b-70b"),
+    (("  unit: GiB\n", "  unit: GiB\n  seed_claim: {source: seeds/a.txt, wrong: x, why: y}\n"),
+     "unknown field(s) seed_claim"),
     (("  unit: GiB\n", "  unit: GiB\n  options: []\n"), "field 'options' is not allowed in a numeric question"),
 ])
 def test_schema_errors_name_file_id_and_field(tmp_path, edit, message):

@@ -14,7 +14,8 @@ from labkit.runtime import system
 from labkit.cli import doctor as doctor_cmd
 
 EXPECTED = ["python", "torch", "gpus", "gpu topology", "gloo", "nccl", "cpu cores", "ram",
-            "lab defaults", "jupyterlab", "ipywidgets", "widgets extension", "free port"]
+            "course memory", "lab defaults", "jupyterlab", "ipywidgets", "widgets extension",
+            "free port"]
 
 
 def _args(**kw):
@@ -98,19 +99,34 @@ def test_two_ranks_start_and_all_reduce(monkeypatch):
     assert check.status == "ok" and check.data["launcher"] == "torchrun", check.detail
     listens = [tuple(s) for s in check.data["launcher_listens"]]
     assert listens, "the hello lab reports what torchrun listens on"
+    for var in doctor.MULTI_NODE_VARS:
+        monkeypatch.delenv(var, raising=False)
     ports = doctor.check_exposure(check)
-    if system.exposed(listens):
+    if system.exposed(listens):              # one machine: information (issue 28, item 12)
+        assert ports.status == "info" and "every interface" in ports.detail
+        monkeypatch.setenv("SLURM_JOB_NUM_NODES", "2")       # a node of a multi-node job
+        ports = doctor.check_exposure(check)
         assert ports.status == "warn" and "every interface" in ports.detail and ports.fix
         assert "what to do:" in doctor.Report([ports]).text()
     else:                                    # a launcher that keeps to loopback (issue 12)
         assert ports.status == "ok"
 
 
-def test_exposure_check_reads_what_the_launch_saw():
+def test_exposure_check_reads_what_the_launch_saw(monkeypatch):
     from labkit.course.doctor import Check
+    for var in doctor.MULTI_NODE_VARS:
+        monkeypatch.delenv(var, raising=False)
     seen = Check("2-rank launch", "ok", "", data={"launcher_listens": [["::", 4000], ["127.0.0.1", 4001]]})
+    # one machine (a laptop): information, not a warning, with the advice in its detail
+    info = doctor.check_exposure(seen)
+    assert info.status == "info" and "[::]:4000" in info.detail and "4001" not in info.detail
+    assert "ufw default deny incoming" in info.detail
+    assert "[WARN]" not in doctor.Report([info]).text()
+    # a node of a multi-node job: the warning and what to do
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "4")
     warn = doctor.check_exposure(seen)
     assert warn.status == "warn" and "[::]:4000" in warn.detail and "4001" not in warn.detail
+    assert "SLURM_JOB_NUM_NODES=4" in warn.detail and "ufw" in warn.fix
     quiet = Check("2-rank launch", "ok", "", data={"launcher_listens": [["127.0.0.1", 4001], ["::1", 4002]]})
     assert doctor.check_exposure(quiet).status == "ok"
     assert doctor.check_exposure(Check("2-rank launch", "fail", "")).status == "info"
@@ -161,3 +177,43 @@ def test_launch_check_fails_when_the_lab_fails(monkeypatch):
     check = doctor.check_launch(nproc=2)
     assert check.status == "fail" and "rank 1 raised RuntimeError: no route" in check.detail
     assert "labkit run hello -n 2" in check.fix
+
+
+def test_one_machine_or_one_node_of_several():
+    assert doctor.multi_node({}) is None
+    assert doctor.multi_node({"SLURM_JOB_NUM_NODES": "1", "PET_NNODES": "1:1"}) is None
+    assert doctor.multi_node({"SLURM_NNODES": "2"}) == "SLURM_NNODES=2"
+    assert doctor.multi_node({"PET_NNODES": "1:4"}) == "PET_NNODES=1:4"
+    assert doctor.multi_node({"SLURM_JOB_NUM_NODES": "many"}) is None
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_course_memory_shows_what_kernels_and_warm_pools_hold(tmp_path, monkeypatch):
+    """Issue 28, item 7: the course's kernels (started in the checkout) and warm pools, with
+    what they hold; a kernel of another folder is not the course's."""
+    from labkit.runtime import pool
+
+    monkeypatch.delenv("LABKIT_POOL_IDLE_TIMEOUT", raising=False)
+
+    course, elsewhere = tmp_path / "course", tmp_path / "elsewhere"
+    (course / "notebooks").mkdir(parents=True)
+    elsewhere.mkdir()
+    script = tmp_path / "ipykernel_launcher.py"          # stands in for `python -m ipykernel`
+    script.write_text("import time\ntime.sleep(120)\n")
+    kernels = [subprocess.Popen([sys.executable, str(script), "-f", "kernel.json"], cwd=where)
+               for where in (course / "notebooks", elsewhere)]
+    try:
+        warm = pool.warm(wait=True) if pool.supported() else None
+        found = doctor.course_processes(course)
+        assert [k["pid"] for k in found["kernels"]] == [kernels[0].pid]
+        assert found["kernels"][0]["bytes"] > 1e6 and found["kernels"][0]["kind"] in ("PSS", "RSS")
+        if warm is not None:
+            mine = [p for p in found["pools"] if p["pid"] == warm.proc.pid]
+            assert mine and mine[0]["bytes"] > 10e6, found["pools"]   # it has imported torch
+        check = doctor.check_course_memory(course)
+        assert check.status == "info" and "1 Jupyter kernel " in check.detail
+        assert "Shut Down Kernel" in check.detail and "leaves after 10 min" in check.detail
+    finally:
+        for k in kernels:
+            k.kill()
+            k.wait()

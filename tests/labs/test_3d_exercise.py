@@ -146,7 +146,8 @@ def test_tp_then_fsdp_trains_as_one_process_with_a_quarter_of_the_layers():
     (tp_only, "fsdp", "21 of 21 parameters are not sharded over the 'dp' axis"),
     (tp_only, "trains", "the gradients must be averaged over the 'dp' axis"),
     (fsdp_only, "tp", "model.layers.0.self_attn.q_proj.weight is not sharded on the 'tp' axis; "
-                      "expected Shard(0) (ColwiseParallel on mesh['tp'])"),
+                      "expected Shard(0) (column-parallel: each tp rank keeps a block of "
+                      "the weight's rows"),
     (fsdp_only, "bytes", "a rank holds 213,632 B of parameters; predicted 139,904 B (ratio 1.53"),
 ])
 def test_mistakes_are_named_with_their_numbers(fn, aspect, words):

@@ -270,8 +270,8 @@ def test_accumulation_with_no_sync_communicates_once_per_step():
     (plain_loop_step, "all_reduces", "issued {c4} all-reduces for 4 micro-batches; one "
                                      "synchronised backward issues {c} (torch DDP's buckets): "
                                      "{c4} = 4 x {c}: DDP all-reduces in every backward"),
-    (unscaled_step, "parameters", "your update / the reference's = 4.000 (the 4 micro-batches: "
-                                  "divide each micro-batch's loss by 4)"),
+    (unscaled_step, "parameters", "your update / the reference's = 4.000 (the 4 micro-batches' "
+                                  "gradients summed, not averaged)"),
     (never_syncs_step, "all_reduces", "issued 0 all-reduces for 4 micro-batches"),
 ])
 def test_accumulation_mistakes_are_named_with_their_numbers(fn, aspect, words):

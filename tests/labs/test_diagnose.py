@@ -45,18 +45,143 @@ def test_plan_depends_on_the_seed_only():
         assert len(set(a["options"])) == len(a["options"]) >= 4
         assert 0 <= a["answer"] < len(a["options"])
     # the seed shuffles the options: over ten seeds the right answer is not always first
-    answers = {plan("straggler", s)["answer"] for s in range(10)}
+    answers = {plan("slow-steps", s)["answer"] for s in range(10)}
     assert len(answers) > 1, answers
 
 
 def test_bad_input_is_refused_with_what_is_allowed():
-    with pytest.raises(ValueError, match=r"name=.*straggler"):
+    with pytest.raises(ValueError, match=r"name='stragler' is not supported; allowed: "
+                                         r"'slow-steps'"):
         build("stragler")
     for seed in (-1, True, 1.5, 2**31):
         with pytest.raises(ValueError, match="seed="):
-            plan("straggler", seed)
+            plan("slow-steps", seed)
     with pytest.raises(ValueError, match="timeout="):
-        build("straggler", timeout=0)
+        build("slow-steps", timeout=0)
+
+
+def test_case_names_do_not_give_the_answer_away():
+    """`straggler` was the name of the case whose answer is (a) "Rank 0 is a straggler": a name
+    says what the run shows (words of its question), never a word only the right option has."""
+    from labkit.labs.diagnose.lab import ALIASES
+
+    for name in CASES:
+        p = plan(name, 0)
+        right = p["options"][p["answer"]].lower()
+        others = " ".join(o.lower() for i, o in enumerate(p["options"]) if i != p["answer"])
+        seen = (p["title"] + " " + p["question"]).lower()
+        for word in re.findall(r"[a-z]+", name):
+            assert word not in right or word in others or word in seen, (name, word, right)
+    p = plan("straggler", 0)                  # the first name did give it away
+    assert "straggler" in p["options"][p["answer"]] and "straggler" not in p["question"]
+    assert set(ALIASES.values()) == set(CASES) and not set(ALIASES) & set(CASES)
+
+
+def test_first_names_are_still_accepted_and_draw_the_same_case():
+    """Module 09's exercise and the README still use the first names (build("straggler"))."""
+    from labkit.labs.diagnose.lab import ALIASES
+
+    for old, new in ALIASES.items():
+        for seed in (0, 1, 3):
+            a, b = plan(old, seed), plan(new, seed)
+            assert a.pop("name") == old and b.pop("name") == new and a == b
+
+
+# ---- the command line: checked before any lab runs; asks on a terminal ----------------------
+
+class _Terminal:
+    """A stdin that is a terminal, reading the given lines."""
+
+    def __init__(self, text: str):
+        import io
+        self._f = io.StringIO(text)
+
+    def isatty(self):
+        return True
+
+    def readline(self):
+        return self._f.readline()
+
+
+def _fake_case(name, seed=0, **_):
+    p = plan(name, seed)
+    return Case(name=name, title=p["title"], question=p["question"], options=p["options"],
+                answer=p["answer"], why=[f"why {i}" for i in range(len(p["options"]))],
+                evidence={"log": "[rank 0] the log"}, seed=seed)
+
+
+@pytest.fixture
+def no_labs(monkeypatch):
+    """build() replaced by the plan's case with no lab run; the calls it got."""
+    calls = []
+
+    def fake(name, seed=0, **kw):
+        calls.append(name)
+        return _fake_case(name, seed)
+    monkeypatch.setattr("labkit.labs.diagnose.lab.build", fake)
+    return calls
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["slow-steps", "--answer", "z"], "--answer='z' is not one of the options; allowed: a "
+                                      "letter a, b, c, d"),
+    (["slow-steps", "--answer", ""], "--answer='' is not one of the options"),
+    (["slow-steps", "--answer", "1"], "--answer='1' is not one of the options"),
+    (["stragglr"], "name='stragglr' is not supported; allowed: 'slow-steps'"),
+    (["slow-steps", "--seed", "-1"], "seed=-1 must be a whole number"),
+])
+def test_bad_arguments_are_refused_before_any_lab_runs(argv, message, no_labs, capsys):
+    from labkit.labs.diagnose.lab import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+    assert no_labs == []
+
+
+def test_the_help_lists_only_the_neutral_names(capsys):
+    from labkit.labs.diagnose.lab import ALIASES, main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    shown = " ".join(capsys.readouterr().out.split()).replace("- ", "-")   # unwrapped
+    assert all(name in shown for name in CASES)
+    assert not any(old in shown for old in ALIASES)
+
+
+def test_on_a_terminal_it_asks_until_it_gets_a_letter(no_labs):
+    import io
+
+    from labkit.labs.diagnose.lab import main
+
+    p = plan("slow-steps", 0)
+    right = "abcdefgh"[p["answer"]]
+    out = io.StringIO()
+    main(["slow-steps"], stdin=_Terminal(f"\nzz\n{right}\n"), out=out)
+    shown = out.getvalue()
+    assert no_labs == ["slow-steps"] and p["question"] in shown and "[rank 0] the log" in shown
+    assert shown.count("your answer (a, b, c, d)> ") == 3
+    assert shown.count("is not one of the options") == 2
+    assert shown.rstrip().endswith(f"Right: ({right}) why {p['answer']}")
+
+
+def test_piped_it_says_how_to_answer_and_with_answer_it_checks(no_labs):
+    import io
+
+    from labkit.labs.diagnose.lab import main
+
+    out = io.StringIO()
+    main(["straggler", "--seed", "1"], stdin=io.StringIO("a\n"), out=out)   # not a terminal
+    shown = out.getvalue()
+    assert "your answer" not in shown and "Right" not in shown and "Not:" not in shown
+    assert ("To check an answer: python -m labkit.labs.diagnose slow-steps --seed 1 --answer "
+            "LETTER") in shown
+    p = plan("slow-steps", 1)
+    wrong = next(c for i, c in enumerate("abcd") if i != p["answer"])
+    out = io.StringIO()
+    main(["slow-steps", "--seed", "1", "--answer", wrong.upper()], stdin=io.StringIO(""),
+         out=out)
+    assert out.getvalue().rstrip().endswith(f"Not: ({wrong}) why {'abcd'.index(wrong)}")
 
 
 def test_check_takes_letters_and_indices():
@@ -109,8 +234,8 @@ def test_case_answers_check_and_figure(name):
 
 @pytest.mark.multirank
 def test_straggler_every_rank_waits_for_the_slow_one():
-    c = case("straggler")
-    n, params = c.numbers, plan("straggler", 0)
+    c = case("slow-steps")
+    n, params = c.numbers, plan("slow-steps", 0)
     sleep, slow = n["sleep"], n["slow_rank"]
     assert f"Rank {slow} is a straggler" in params["options"][params["answer"]]
     extra = [e for e in c.evidence["timeline"] if e["kind"] == "extra work"]
@@ -131,7 +256,7 @@ def test_straggler_every_rank_waits_for_the_slow_one():
 
 @pytest.mark.multirank
 def test_small_buckets_many_calls_same_bytes():
-    c = case("small-buckets")
+    c = case("bucket-slowdown")
     n = c.numbers
     grads = 4 * gpt2_params(4, 64)
     assert n["gradient_bytes"] == grads
@@ -149,7 +274,7 @@ def test_small_buckets_many_calls_same_bytes():
 
 @pytest.mark.multirank
 def test_few_microbatches_idle_share_follows_the_bubble():
-    c = case("few-microbatches")
+    c = case("idle-pipeline")
     n = c.numbers
     p, few, many = n["stages"], n["microbatches"], n["more_microbatches"]
     for m in (few, many):
@@ -162,7 +287,7 @@ def test_few_microbatches_idle_share_follows_the_bubble():
 
 @pytest.mark.multirank
 def test_activation_oom_error_and_memory():
-    c = case("activation-oom")
+    c = case("out-of-memory")
     n, mem = c.numbers, c.evidence["memory"]
     budget, seq, failed = n["budget"], n["seq"], n["failed_batch"]
     assert n["error_type"] == "OutOfMemoryError"
@@ -185,7 +310,7 @@ def test_activation_oom_error_and_memory():
 
 @pytest.mark.multirank
 def test_skipped_collective_hangs_then_times_out_and_leaves_nothing():
-    c = case("skipped-collective")
+    c = case("hang-then-timeout")
     n = c.numbers
     world, batch, samples = n["world_size"], n["batch"], n["samples"]
     steps = [len(range(r, samples, world)) // batch for r in range(world)]
@@ -204,8 +329,8 @@ def test_skipped_collective_hangs_then_times_out_and_leaves_nothing():
 
 @pytest.mark.multirank
 def test_the_same_seed_gives_the_same_question_twice():
-    first = case("activation-oom")
-    again = build("activation-oom", seed=0, env={MARK: MARKER})
+    first = case("out-of-memory")
+    again = build("out-of-memory", seed=0, env={MARK: MARKER})
     assert (again.question, again.options, again.answer) == (first.question, first.options,
                                                              first.answer)
     assert again.numbers["budget"] == first.numbers["budget"]      # drawn, not measured

@@ -116,6 +116,12 @@ def checkpoint_16_bytes(model, gpus, rate, bw):
     return math.sqrt(2 * write * 86_400 / (gpus * rate)) / 60
 
 
+def min_microbatches_relative(p, target, chunks=1):
+    """07's usual slip: the target met by (p-1)/(v m), the bubble relative to the ideal time."""
+    m = math.ceil((p - 1) / (chunks * target))
+    return m if chunks == 1 else -(-m // p) * p
+
+
 def no_answer(*args):
     raise NotImplementedError("Exercise: write ~5 lines")
 
@@ -129,22 +135,29 @@ CASES = {
     "trainable_tokens": ([("llama3-70b", 512, "h100-sxm", 30, 0.4, 8192)],
                          reference.trainable_tokens),
     "checkpoint_minutes": ([("llama3-70b", 512, 1e-4, 100e9)], reference.checkpoint_minutes),
+    # 07's check cell's cases
+    "min_microbatches": ([(4, 0.08), (8, 0.06), (8, 0.3), (2, 0.03), (16, 0.13), (4, 0.9),
+                          ((4, 0.08), {"chunks": 2}), ((8, 0.06), {"chunks": 4}),
+                          ((8, 0.3), {"chunks": 2})], reference.pp_min_microbatches),
 }
 
 
 @pytest.mark.parametrize("name, wrong, words", [
     ("states_gb", states_gib, "GiB instead of GB"),
-    ("states_gb", states_all_sharded, "ZeRO-1 shards only the 12 B of optimizer states"),
-    ("bubble", bubble_relative, "(p-1)/m: that is the bubble relative to the ideal time"),
-    ("bubble", bubble_off_by_one, "the step lasts m + p - 1 slots"),
+    ("states_gb", states_all_sharded, "each ZeRO stage shards only some of the states"),
+    ("bubble", bubble_relative, "(p-1)/m is the bubble relative to the ideal time"),
+    ("bubble", bubble_off_by_one, "the step's length counts one slot too many"),
     ("all_reduce_seconds", all_reduce_bidirectional, "the bidirectional figure"),
-    ("all_reduce_seconds", all_reduce_as_all_gather, "that is one all-gather or reduce-scatter"),
+    ("all_reduce_seconds", all_reduce_as_all_gather, "one all-gather (or reduce-scatter) alone"),
     ("reported_mfu", mfu_sparse_peak, "the peak with sparsity"),
-    ("reported_mfu", mfu_6n_only, "6N only: the attention term"),
-    ("trainable_tokens", tokens_6n_only, "6N only: the attention term"),
+    ("reported_mfu", mfu_6n_only, "6N only: the attention FLOPs per token are missing"),
+    ("trainable_tokens", tokens_6n_only, "6N only: the attention FLOPs per token are missing"),
     ("checkpoint_minutes", checkpoint_seconds, "seconds, not minutes"),
     ("checkpoint_minutes", checkpoint_one_gpu, "one GPU's MTBF, not the job's"),
-    ("checkpoint_minutes", checkpoint_16_bytes, "a checkpoint holds the fp32 weights"),
+    ("checkpoint_minutes", checkpoint_16_bytes, "counted with the training states it does not "
+                                                "save"),
+    ("min_microbatches", min_microbatches_relative, "the bubble relative to the ideal time, not "
+                                                    "by the idle share of the step"),
 ])
 def test_a_usual_mistake_is_named(name, wrong, words):
     cases, ref = CASES[name]
@@ -177,7 +190,9 @@ def test_every_listed_mistake_differs_from_the_answer_on_the_notebook_cases():
     """A mistake that equals the reference on every case could never be named."""
     for name, (cases, ref) in CASES.items():
         for label, wrong in reference.MISTAKES[name]:
-            assert any(not math.isclose(wrong(*c), ref(*c), rel_tol=0.02) for c in cases), label
+            calls = [reference._args(c) for c in cases]
+            assert any(not math.isclose(wrong(*a, **k), ref(*a, **k), rel_tol=0.02)
+                       for a, k in calls), label
 
 
 # ---------------------------------------------------------------- the notebook, graded

@@ -278,6 +278,44 @@ def test_reference_stage_bytes_follow_the_in_flight_micro_batches():
 
 # ------------------------------------------------------------------ the notebook, graded
 
+def fresh_exercise(root, name: str = "07_pipeline_parallel.ipynb"):
+    """The exercise notebook as labkit.course.exercises generates it from `root`/solutions:
+    never the learner's exercises/ file, which holds their answers (issue 28, item 13: a correct
+    answer there made this test fail)."""
+    from labkit.course import exercises as ex
+
+    return ex.parse_notebook(ex.render_path(root / "solutions" / name))
+
+
+def test_the_graded_notebook_is_generated_not_the_learners(tmp_path):
+    """A learner's answered (and run) exercise file in a course copy changes nothing here."""
+    import shutil
+
+    import nbformat
+
+    from labkit.course import exercises as ex
+
+    name = "07_pipeline_parallel.ipynb"
+    course = tmp_path / "course"
+    (course / "solutions").mkdir(parents=True)
+    (course / "exercises").mkdir()
+    shutil.copy(ex.REPO_ROOT / "solutions" / name, course / "solutions" / name)
+    before = ex.dumps(fresh_exercise(course))
+    answered = ex.read_notebook(course / "solutions" / name)     # every answer right, and run
+    for cell in answered.cells:
+        if cell.cell_type == "code":
+            cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="ok\n")]
+    (course / "exercises" / name).write_text(ex.dumps(answered))
+    assert ex.dumps(fresh_exercise(course)) == before
+    assert "raise NotImplementedError" in before and "### BEGIN SOLUTION" not in before
+
+
+# Seconds a cell of the graded notebook may run. The grade checks refusals and stubs, not speed:
+# under load (8-15 on 2 cores) starting the kernel and the set-up cells' imports took most of the
+# old 60 s. A cell that still runs past this is named by the grader ("ran longer than").
+CELL_TIMEOUT = 300
+
+
 @pytest.mark.notebook
 @pytest.mark.multirank
 def test_untouched_exercises_fail_and_shortcuts_are_refused(tmp_path):
@@ -288,7 +326,7 @@ def test_untouched_exercises_fail_and_shortcuts_are_refused(tmp_path):
     from labkit.course import exercises as ex, grader
 
     solution = ex.REPO_ROOT / "solutions" / "07_pipeline_parallel.ipynb"
-    nb = ex.read_notebook(ex.REPO_ROOT / "exercises" / "07_pipeline_parallel.ipynb")
+    nb = fresh_exercise(ex.REPO_ROOT)
     lay = ex.layout(nb)
     nb.cells[lay.exercise("bubble").index].source = (
         "from labkit.pipeline import idle_share\n\nstep_idle_share = idle_share\n"
@@ -299,8 +337,12 @@ def test_untouched_exercises_fail_and_shortcuts_are_refused(tmp_path):
         "\n            if e.stage == stage]")
     path = tmp_path / "07_pipeline_parallel.ipynb"
     nbformat.write(nb, str(path))
-    report = grader.grade_notebook(path, template=solution, timeout=60)
+    report = grader.grade_notebook(path, template=solution, timeout=CELL_TIMEOUT)
     verdict = {c.name: c for c in report.checks}
+    slow = [e.message for e in report.exercises if e.status == "timeout"] + [
+        c.message for c in report.checks if "longer than" in c.message or "time limit" in c.message]
+    assert not slow, (f"cells ran past {CELL_TIMEOUT} s (a loaded machine?): {slow}\n"
+                      f"{report.format()}")
     assert not report.ok and not any(c.passed for c in report.checks), report.format()
     assert "bubble imports labkit.pipeline.idle_share; write it yourself" in verdict["bubble"].message
     assert "order imports labkit.pipeline; write it yourself" in verdict["order"].message

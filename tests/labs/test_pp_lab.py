@@ -7,9 +7,8 @@ values are computed here from the shapes, independently of the lab and labkit.pi
 peak micro-batches a stage holds (GPipe m; 1F1B p - r; interleaved Megatron-LM's warm-up
 2 (p - r - 1) + (v - 1) p chunk forwards plus one, over v), the sends of each rank (a virtual
 stage sends forward unless last and backward unless first, once per micro-batch), the idle
-share in closed form (p - 1)/(m + p - 1). Timing (of the shortest of 5 steps, the least disturbed:
-CI once caught a median step 8.5 points above its simulation while other tests' ranks shared the
-2 cores): the measured idle share is asserted within
+share in closed form (p - 1)/(m + p - 1). Timing (of the least disturbed of 5 steps, of up to 3
+runs: `check_idle_agrees`): the measured idle share is asserted within
 5 points of the simulator's at the measured costs (labkit.labs.common.pipeline: compute plus the
 framework's per-op overhead, p2p net of it) for GPipe, 1F1B and interleaved, by hand and
 torch's; zero-bubble, whose W torch places elsewhere than the simulator, within 10; never more
@@ -65,15 +64,65 @@ def sends(p: int, m: int, v: int = 1) -> list[list[int]]:
 
 
 def check_timeline(row: dict, schedule: str, v: int = 1) -> None:
+    """What a step's timeline must show whatever the load: the closed form, the measured idle
+    share never well below the simulation (stalls only add idle time), every op of every stage.
+    How close above it comes is `check_idle_agrees`'s."""
     k = {"interleaved-1f1b": V, "zero-bubble": 3}.get(schedule, 1)   # zero-bubble: f = b = w
     assert row["idle_formula"] == pytest.approx((P - 1) / (k * M + P - 1))
-    assert abs(row["difference_points"]) < TOLERANCE_POINTS.get(schedule, 5), (
-        schedule, row["difference_points"], row["idle_repeats"])
-    assert row["idle_measured"] > row["idle_simulated"] - 0.03
+    assert row["idle_measured"] > row["idle_simulated"] - 0.03, (
+        schedule, row["idle_measured"], row["idle_simulated"])
     kinds = {(e["stage"], e["kind"]) for e in row["events"]}
     assert kinds == {(s, k) for s in range(P) for k in ("FBW" if schedule == "zero-bubble"
                                                          else "FB")}
     assert len(row["events"]) == P * M * v * (3 if schedule == "zero-bubble" else 2)
+
+
+def excess_points(row: dict) -> list[float]:
+    """Each measured step's idle share above its simulation, in points (the lab's repeats)."""
+    return [100 * (x["idle_measured"] - x["idle_simulated"]) for x in row["repeats"]]
+
+
+def check_idle_agrees(report: dict, rerun, runs: int = 3) -> None:
+    """The measured idle share is within TOLERANCE_POINTS (else 5) of the simulation at the
+    measured costs, for the least disturbed step: other work on shared cores stalls ranks (a
+    stall adds idle time, or lengthens the op costs the simulation is priced at), so the step
+    closest to its simulation is the schedule's own (timeit's rule, applied to the quantity
+    compared; issue 28, item 14: the shortest step of one run was 5.3 points above under load
+    8-15). When no step of this run agrees, the part runs again (`rerun()`, up to `runs` runs
+    in all) and every step counts; a simulation that is wrong misses on every step."""
+    import os
+
+    seen = {name: excess_points(row) for name, row in report["schedules"].items()}
+
+    def off() -> dict:
+        closest = {name: min(points, key=abs) for name, points in seen.items()}
+        return {name: x for name, x in closest.items()
+                if not abs(x) < TOLERANCE_POINTS.get(name, 5)}
+    for _ in range(runs - 1):
+        if not off():
+            return
+        for name, row in rerun()["schedules"].items():
+            seen[name] += excess_points(row)
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    closest = {n: round(x, 1) for n, x in off().items()}
+    every = {n: [round(x, 1) for x in v] for n, v in seen.items()}
+    assert not closest, (
+        f"idle share minus the simulation's, in points, of the step closest to it in {runs} "
+        f"runs: {closest}; every step: {every}; load average {load} on {os.cpu_count()} cores "
+        "(a machine this busy stalls every step)")
+
+
+def test_idle_agreement_takes_the_least_disturbed_step_and_says_what_it_saw():
+    def report(*excess):
+        return {"schedules": {"gpipe": {"repeats": [
+            dict(idle_measured=0.3 + x / 100, idle_simulated=0.3) for x in excess]}}}
+
+    check_idle_agrees(report(7, 3, 9), rerun=lambda: pytest.fail("ran again"))  # one step agrees
+    again = []
+    check_idle_agrees(report(7, 8), rerun=lambda: again.append(1) or report(6, 2))
+    assert again == [1]
+    with pytest.raises(AssertionError, match="'gpipe': 6.0.* every step: .*load average"):
+        check_idle_agrees(report(7, 8), rerun=lambda: report(6, 9))   # wrong on every step
 
 
 def test_byhand_loss_order_peaks_and_idle(byhand):
@@ -86,6 +135,7 @@ def test_byhand_loss_order_peaks_and_idle(byhand):
         assert row["predicted_in_flight"] == peaks(name)
         assert row["p2p_sent"] == [c for c, _ in sends(P, M)]
         check_timeline(row, name)
+    check_idle_agrees(r, lambda: lab("byhand")[0])
 
 
 def test_torch_schedules_loss_order_peaks_and_sends(torch_part):
@@ -102,6 +152,7 @@ def test_torch_schedules_loss_order_peaks_and_sends(torch_part):
         if name != "zero-bubble":
             assert row["same_order"] and row["same_order_without_w"], name
         check_timeline(row, name, v)
+    check_idle_agrees(r, lambda: lab("torch")[0])
 
 
 def test_ppdp_fsdp2_works_and_ddp_static_graph_drifts_silently(ppdp):

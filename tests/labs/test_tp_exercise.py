@@ -99,6 +99,14 @@ class ColumnKeepsWhole(Column):
         self.whole = linear
 
 
+class ColumnWrongDim(Column):
+    """The weight split by columns (input features), as if nn.Linear stored (in, out)."""
+
+    def __init__(self, linear):
+        super().__init__(linear)
+        self.weight = _shard(linear.weight, 1)
+
+
 class Row(nn.Module):
     def __init__(self, linear):
         super().__init__()
@@ -119,12 +127,46 @@ class RowNoG(Row):
         return x @ self.weight.T + self.bias
 
 
+class RowWrongDim(Row):
+    def __init__(self, linear):
+        super().__init__(linear)
+        self.weight = _shard(linear.weight, 0)
+
+
 class StubRow(nn.Module):
     def __init__(self, linear):
         raise NotImplementedError("Exercise row: write ~4 lines")
 
 
 # ---------------------------------------------------------------- arguments, without ranks
+
+def _reports(shape, want_shape, error):
+    cmp = {"shape": shape, "want_shape": want_shape, "diff": float("nan"), "alt": False}
+    return [{"error": error, "weight": cmp}, {"error": error, "weight": cmp}]
+
+
+@pytest.mark.parametrize("kind, shape, want, words", [
+    ("column", [32, 4], [16, 8], "a column-parallel layer splits its output features, dim 0: "
+                                 "a block of its rows"),
+    ("row", [4, 32], [8, 16], "a row-parallel layer splits its input features, dim 1: a "
+                              "block of its columns"),
+])
+def test_a_weight_split_on_the_wrong_dimension_is_diagnosed(kind, shape, want, words):
+    """torch says only 'mat1 and mat2 shapes cannot be multiplied (8x8 and 4x32)': the check
+    says why, from the weight's shape: nn.Linear's weight is (out, in)."""
+    from labkit.labs.tp.check import LinearCheck
+
+    error = ("your Mine raised RuntimeError: mat1 and mat2 shapes cannot be multiplied "
+             "(8x8 and 4x32)")
+    r = LinearCheck.from_reports(_reports(shape, want, error), kind=kind, name="Mine")
+    text = r.verdicts()["runs"]
+    assert text.startswith(error) and words in text, text
+    assert f"Mine.weight on rank 0 has shape {shape}, not the shard's {want}" in text
+    assert "(out_features, in_features)" in text
+    right = LinearCheck.from_reports(_reports(want, want, "your Mine raised ValueError: x"),
+                                     kind=kind, name="Mine")
+    assert right.verdicts()["runs"] == "your Mine raised ValueError: x"    # nothing to add
+
 
 @pytest.mark.parametrize("args, words", [
     ((F, G, 3), "nproc=3: allowed 2, 4 or 8"),
@@ -231,6 +273,16 @@ def test_row_mistakes_are_named_with_their_numbers(cls, nproc, aspect, words):
     r = run_user_row(cls, uses=(G,), nproc=nproc)
     assert not r.ok
     assert words in r.verdicts()[aspect], r.summary()
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("run, cls, uses", [(run_user_column, ColumnWrongDim, (F,)),
+                                            (run_user_row, RowWrongDim, (G,))])
+def test_a_weight_split_on_the_wrong_dimension_is_explained_on_the_ranks(run, cls, uses):
+    r = run(cls, uses=uses, nproc=2)
+    text = r.verdicts()["runs"]
+    assert "mat1 and mat2 shapes cannot be multiplied" in text, r.summary()
+    assert "stores its weight as (out_features, in_features)" in text, text
 
 
 @pytest.mark.multirank

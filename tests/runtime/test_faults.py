@@ -81,8 +81,15 @@ def test_a_rank_that_dies_silently_is_blamed_not_its_peers(launcher, mark, how, 
     assert err.result.launcher == launcher
 
 
+# The timeout is the behaviour here, so it leaves room for a loaded machine (issue 28, item 14:
+# with 20 s, torchrun's agent and ranks, each importing torch on 2 cores shared with load 8-15,
+# had not always reached the hang when it fired). The pool forks its ranks from a warm parent.
+HANG_TIMEOUT = {"pool": 30, "torchrun": 60}
+STOP_ROOM = 60       # seconds after it to stop the ranks, read their stacks and explain
+
+
 def test_hanging_rank_is_stopped_at_the_timeout_and_named(launcher, mark):
-    timeout = 20
+    timeout = HANG_TIMEOUT[launcher]
     t = time.monotonic()
     with pytest.raises(LabError) as info:
         run_lab(LABS / "hang_on_rank.py", nproc=2, args=["--rank", "1"], timeout=timeout,
@@ -90,11 +97,18 @@ def test_hanging_rank_is_stopped_at_the_timeout_and_named(launcher, mark):
     elapsed = time.monotonic() - t
     err = info.value
     text = str(err)
-    assert err.reason == "timeout"
+    assert err.reason == "timeout", text
+    ready = [r for r in (0, 1) if f"[rank {r}] ready" in err.result.output]
+    assert ready == [0, 1], (f"when the timeout of {timeout} s fired, ranks {ready} of 0, 1 had "
+                             f"passed their barrier: the others were still starting (a machine "
+                             f"too busy to start {launcher}'s ranks in {timeout} s)\n{text}")
     assert f"timeout of {timeout} s fired" in text and "ranks 0, 1 still running" in text
     assert "rank 1 is not in a collective" in text and "stuck_forever" in text
     assert "rank 0 waits in all_reduce" in text and "rank 1 never joined it" in text
-    assert timeout <= elapsed < timeout + 15
+    assert elapsed >= timeout, f"stopped after {elapsed:.1f} s, before its timeout of {timeout} s"
+    assert elapsed < timeout + STOP_ROOM, (
+        f"stopping the ranks, reading their stacks and explaining took {elapsed - timeout:.0f} s "
+        f"after the timeout fired (room: {STOP_ROOM} s)")
 
 
 def test_a_rank_that_ignores_sigterm_is_killed(launcher, mark):

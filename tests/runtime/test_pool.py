@@ -207,3 +207,66 @@ def test_warm_returns_at_once_and_takes_preloads_before_it_is_ready():
     p.sync()
     assert {"torch", "packaging.version", "packaging.specifiers"} <= set(p.modules)
     assert probe().launcher == "pool" and pool.current() is p
+
+
+# ---- issue 28, item 7: an idle pool gives its memory back --------------------------------
+
+@pytest.fixture
+def short_idle(monkeypatch):
+    """Pools started in this test leave after 2 s without a lab; none is left for the next
+    test (the variable is read when a pool starts, so the next one is back to the default)."""
+    pool.shutdown()
+    monkeypatch.setenv("LABKIT_POOL_IDLE_TIMEOUT", "2")
+    yield 2.0
+    pool.shutdown()
+
+
+def wait_gone(p, within: float) -> float:
+    t = time.monotonic()
+    while p.alive() and time.monotonic() - t < within:
+        time.sleep(0.1)
+    return time.monotonic() - t
+
+
+def test_an_idle_pool_leaves_and_the_next_lab_restarts_it_as_warm(short_idle):
+    import importlib.util
+    assert probe().launcher == "pool"
+    first = pool.current()
+    first.sync()
+    name = next((m for m in CANDIDATES if m not in first.modules
+                 and importlib.util.find_spec(m.split(".")[0])), None)
+    if name is None:
+        pytest.skip(f"every candidate module is already in the warm pool: {CANDIDATES}")
+    first.preload([name])                             # asked for, as after a transformers lab
+    first.sync()
+    waited = wait_gone(first, within=short_idle + 60)
+    assert not first.alive(), (f"the pool was still there {waited:.0f} s after its last lab "
+                               f"(idle timeout {short_idle:g} s); its log:\n{first.log()}")
+    assert first.left_idle() and "no lab for" in first.log(), first.log()
+    res = probe("--import", name)                     # transparently started again
+    again = pool.current()
+    assert res.ok and res.launcher == "pool" and again is not first and again.alive()
+    # ... and as warm as the one that left: what it had been asked to import, it imports
+    assert [g["imported"]["was_loaded"] for g in res.results] == [True, True], res.results
+
+
+def test_a_running_lab_keeps_the_pool(short_idle, monkeypatch):
+    """Idle means no lab: a lab longer than the idle timeout runs to its end, and the pool
+    leaves only after it."""
+    idle = 4                 # its clock restarts when the lab ends: the check below has 4 s
+    monkeypatch.setenv("LABKIT_POOL_IDLE_TIMEOUT", str(idle))
+    monkeypatch.setenv("LABKIT_TEST_SLEEP", str(idle + 3))
+    res = run_lab(LABS / "sleep_silent.py", nproc=2, timeout=120, quiet=True, launcher="pool")
+    p = pool.current()
+    assert res.ok and res.launcher == "pool" and p is not None
+    assert p.alive() and "no lab for" not in p.log(), p.log()
+
+
+def test_the_idle_timeout_is_read_from_the_environment():
+    assert pool.idle_timeout({}) == pool.IDLE_TIMEOUT == 600
+    assert pool.idle_timeout({"LABKIT_POOL_IDLE_TIMEOUT": "0.5"}) == 0.5
+    assert pool.idle_timeout({"LABKIT_POOL_IDLE_TIMEOUT": "0"}) == 0       # never
+    for bad in ("ten", "-1", "inf", "nan"):
+        with pytest.raises(pool.PoolError, match=f"LABKIT_POOL_IDLE_TIMEOUT='{bad}' is not a "
+                                                 "number of seconds; allowed: a number >= 0"):
+            pool.idle_timeout({"LABKIT_POOL_IDLE_TIMEOUT": bad})

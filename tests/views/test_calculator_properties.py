@@ -359,3 +359,33 @@ def test_the_figure_at_the_extremes_is_a_png_of_finite_data(op, ranks, bandwidth
     # difference of two times it was inf at 1e7 ranks and 1e3 s, and 0.08% off at 1e6 and 1 s
     want = (ranks if op == "all_reduce" else 1) * latency * bandwidth
     assert crossover_bytes(op, ranks, bandwidth, latency) == pytest.approx(want, rel=1e-9)
+
+
+def test_mfu_is_typed_in_percent_in_every_calculator():
+    """The DDP calculator offered MFU as a percent, the TP and planner calculators as a share
+    (0.5): every one now takes the percent, labelled and checked alike."""
+    from labkit.widgets import MFU_RANGE
+    from labkit.widgets.ddp import DDPCalculator
+    from labkit.widgets.planner import PlannerCalculator
+    from labkit.widgets.tp import TPCalculator
+
+    for cls, start in ((DDPCalculator, {"compute": "flops"}), (TPCalculator, {}),
+                       (PlannerCalculator, {"gpus": 8, "model": "llama2-7b"})):
+        calc = cls(**start)
+        field = calc.controls["mfu"]
+        assert field.description == MFU_RANGE[0] == "MFU (%)" and calc.ranges["mfu"] == MFU_RANGE
+        assert 1 <= field.value <= 100, (cls.__name__, field.value)
+        field.value = 0.4                                   # a share where a percent belongs
+        assert calc.error.startswith("MFU (%)=0.4 must be a number >= 1 and <= 100"), calc.error
+
+
+def test_a_cost_model_argument_is_shown_as_its_field_is_labelled():
+    from labkit.widgets import labelled
+
+    labels = {"batch_size": "sequences/GPU", "seq_len": "seq length", "stages": "stages p"}
+    assert labelled("batch_size=0 must be a whole number >= 1", labels) == \
+        "sequences/GPU=0 must be a whole number >= 1"
+    assert labelled("tp=8 does not divide seq_len=100", labels) == \
+        "tp=8 does not divide seq length=100"
+    assert labelled("micro_batch_size=3; num_stages=2", labels) == \
+        "micro_batch_size=3; num_stages=2"                  # only whole argument names

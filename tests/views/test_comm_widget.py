@@ -68,7 +68,7 @@ def test_custom_link_and_tree():
     ({"op": "all_gather", "algorithm": "tree"}, "tree"),
     ({"ranks": "2.5"}, "ranks N='2.5' is not a whole number"),
     ({"ranks": "1e3"}, "ranks N='1e3' is not a whole number"),
-    ({"ranks": 10**8}, "world_size=100000000 must be a whole number >= 1 and <= 1e7"),
+    ({"ranks": 10**8}, "ranks N=100000000 must be a whole number >= 1 and <= 1e7"),
     ({"size_mb": 1e300}, "message size S (MB)=1e+300 must be a number >= 1e-06 and <= 1e12"),
     ({"size_mb": float("inf")}, "message size S (MB)=inf must be a number >= 1e-06 and <= 1e12"),
     ({"size_mb": float("nan")}, "message size S (MB)=nan"),

@@ -13,6 +13,8 @@ import pytest
 
 from labkit.flops import flops_per_step
 from labkit.hardware import GPUS, LINKS
+from labkit.memory import estimate_memory
+from labkit.models import get_model
 from labkit.plots import png_bytes
 from labkit.plots.ddp import scaling_figure
 from labkit.scaling import ddp_step_time, scaling_curve
@@ -41,12 +43,17 @@ def real_png(monkeypatch):
 def check_ddp(calc: DDPCalculator) -> None:
     _shows_one_state(calc.result.value, calc.figure, calc.error)
     if calc.error is None:           # the result is the one the controls ask for, not stale
-        assert calc.step == ddp_step_time(**calc.inputs())
+        kw = calc.inputs()
+        assert calc.step == ddp_step_time(**kw)
         assert math.isfinite(calc.step.total) and calc.step.total > 0
         assert calc.step.gpus in calc.curve.gpus
+        assert calc.memory.total == estimate_memory(**calc.memory_inputs(kw)).total
+        assert calc.fits == (calc.memory.total <= GPUS[calc.controls["gpu"].value].memory)
+        assert ("Does not fit" in calc.result.value) == (not calc.fits)
     else:
-        assert calc.step is None and calc.curve is None
-        assert _raises_value_error(lambda: ddp_step_time(**calc.inputs()))
+        assert calc.step is None and calc.curve is None and calc.memory is None
+        assert _raises_value_error(lambda: ddp_step_time(**calc.inputs())) or \
+            _raises_value_error(lambda: estimate_memory(**calc.memory_inputs(calc.inputs())))
 
 
 @pytest.mark.usefixtures("real_png")
@@ -97,11 +104,44 @@ def test_custom_model_and_link():
 
 
 def test_compute_from_flops():
-    calc = DDPCalculator(model="gpt2", compute="flops", gpu="a100-80gb", mfu=0.5, batch_size=8,
+    calc = DDPCalculator(model="gpt2", compute="flops", gpu="a100-80gb", mfu=50, batch_size=8,
                          seq_len=1024)
     peak = GPUS["a100-80gb"].peak_flops["bf16"]
     assert calc.step.compute == pytest.approx(flops_per_step("gpt2", 8, 1024) / (0.5 * peak))
     assert calc._by_flops.layout.display == "" and calc._by_time.layout.display == "none"
+
+
+def test_a_model_that_does_not_fit_says_so():
+    """llama3-405b under DDP on 64 GPUs was priced (a step time, a curve) without a word about
+    the 1.6 TB of fp32 gradients each GPU would hold."""
+    calc = DDPCalculator(model="llama3-405b", gpus=64)
+    check_ddp(calc)
+    assert calc.fits is False and "Does not fit" in calc.result.value
+    assert calc.memory.grads == pytest.approx(4 * get_model("llama3-405b").num_params())
+    assert "ZeRO or FSDP" in calc.result.value
+    _set(calc, model="gpt2")
+    assert calc.fits is True and "Fits" in calc.result.value and "Does not fit" not in \
+        calc.result.value
+    _set(calc, gpu="t4", grad_dtype="bf16", model="llama2-7b")       # 16 GB; 108 GB of states
+    assert calc.fits is False
+    assert f"Does not fit</b> on one {GPUS['t4'].name}" in calc.result.value
+
+
+def test_the_memory_verdict_counts_activations_only_of_sequences_it_is_given():
+    calc = DDPCalculator(model="llama2-7b", compute="flops", batch_size=4, seq_len=4096)
+    check_ddp(calc)
+    assert calc.memory.activations > 0 and "activations of 4 sequence(s)" in calc.result.value
+    _set(calc, compute="time")
+    assert calc.memory.activations == 0 and "activations not counted" in calc.result.value
+
+
+def test_mfu_is_typed_in_percent():
+    calc = DDPCalculator(model="gpt2", compute="flops", gpu="a100-80gb", batch_size=8,
+                         seq_len=1024)
+    _set(calc, mfu=25.0)
+    peak = GPUS["a100-80gb"].peak_flops["bf16"]
+    assert calc.controls["mfu"].description == "MFU (%)"
+    assert calc.step.compute == pytest.approx(flops_per_step("gpt2", 8, 1024) / (0.25 * peak))
 
 
 @pytest.mark.parametrize("scaling", ["weak", "strong"])
@@ -121,15 +161,18 @@ def test_the_chosen_step_is_a_point_of_the_curve(scaling):
 @pytest.mark.parametrize("values, start", [
     ({"gpus": 1}, "GPUs=1: one GPU has nothing to all-reduce"),
     ({"gpus": "2.5"}, "GPUs='2.5' is not a whole number"),
-    ({"gpus": 10**8}, "gpus=100000000 must be a whole number >= 1 and <= 1e7"),
+    ({"gpus": 10**8}, "GPUs=100000000 must be a whole number >= 1 and <= 1e7"),
     ({"bucket_mb": 0.0}, "bucket size (MiB)=0.0 must be a number >= 0.001"),
     ({"compute_ms": -1.0}, "compute per step (ms)=-1.0 must be a number >= 0.001"),
     ({"compute_ms": float("inf")}, "compute per step (ms)=inf"),
     ({"model": CUSTOM, "params_b": float("nan")}, "custom size (billion parameters)=nan"),
     ({"link": CUSTOM, "bandwidth_gbs": 0.0}, "custom bandwidth (GB/s per direction)=0.0"),
     ({"link": CUSTOM, "latency_us": -2.0}, "custom latency (µs)=-2.0"),
-    ({"compute": "flops", "seq_len": "0"}, "seq_len=0 must be a whole number >= 1"),
+    ({"compute": "flops", "seq_len": "0"}, "seq length=0 must be a whole number >= 1"),
     ({"compute": "flops", "batch_size": "x"}, "sequences/GPU='x' is not a whole number"),
+    ({"compute": "flops", "batch_size": "0"}, "sequences/GPU=0 must be a whole number >= 1"),
+    ({"compute": "flops", "mfu": 0.4}, "MFU (%)=0.4 must be a number >= 1 and <= 100"),
+    ({"compute": "flops", "model": "gpt2", "seq_len": "4096"}, "seq length=4096 exceeds"),
     ({"compute": "flops", "gpu": "t4"}, "dtype='bf16' is not supported; allowed: 'fp32', 'fp16'"),
 ])
 def test_bad_input_is_a_message(values, start):

@@ -48,8 +48,8 @@ def test_fsdp_calculator_shows_only_stated_terms_and_the_bar_is_the_total():
 
 
 @pytest.mark.parametrize("field, typed, start", [
-    ("dp", "2.5", "dp (ranks)='2.5'"), ("dp", "0", "dp=0"), ("prefetch", "-1", "prefetch=-1"),
-    ("reshard_k", "3", "reshard_after_forward=3")])
+    ("dp", "2.5", "dp (ranks)='2.5'"), ("dp", "0", "dp (ranks)=0"),
+    ("prefetch", "-1", "prefetch=-1"), ("reshard_k", "3", "reshard k=3")])
 def test_fsdp_calculator_bad_input(field, typed, start):
     calc = FSDPCalculator(model="debug-llama", dp=4, reshard="int", reshard_k=2)
     type_into(calc, **{field: typed})
@@ -57,6 +57,23 @@ def test_fsdp_calculator_bad_input(field, typed, start):
     assert "Cannot compute" in calc.result.value and calc.figure.value == b""
     type_into(calc, **{field: "2" if field != "prefetch" else "0"})
     assert calc.error is None and calc.memory is not None
+
+
+def test_fsdp_calculator_says_when_a_rank_does_not_fit():
+    """405B at dp=64 showed 'Per rank: 116.24 GB' on 80 GB GPUs without a word."""
+    from labkit.hardware import GPUS
+
+    calc = FSDPCalculator(model="llama3-405b", dp=64, param_dtype="bf16", gpu="h100-sxm")
+    want = fsdp_memory("llama3-405b", 64, param_dtype="bf16", reduce_dtype="fp32")
+    assert calc.memory.total == want.total > GPUS["h100-sxm"].memory
+    assert calc.fits is False and "Does not fit" in calc.result.value
+    assert "116.24 GB" in calc.result.value and "lower bound" in calc.result.value
+    type_into(calc, dp="256")
+    assert calc.fits is True and "Fits" in calc.result.value
+    assert "Does not fit" not in calc.result.value
+    type_into(calc, gpu="t4")
+    assert calc.fits == (calc.memory.total <= GPUS["t4"].memory)
+    _shows_one_state(calc.result.value, calc.figure, calc.error)
 
 
 def test_checkpoint_calculator():
@@ -70,11 +87,13 @@ def test_checkpoint_calculator():
     assert calc.interval == pytest.approx(slow / 10 ** 0.5)  # sqrt(2 M delta), delta / 10
     type_into(calc, per_node=True, gpus_per_node="8")       # 2,000 nodes writing in parallel
     assert calc.write_time == pytest.approx(calc.size / (1000e9 * 2000))
-    for field, typed, start in [("gpus", "abc", "GPUs='abc'"), ("rate_pct", 0.0, "rate_pct"),
-                                ("bandwidth_gbs", -1.0, "bandwidth_gbs"),
-                                ("gpus", "0", "gpus=0")]:
+    for field, typed, start in [("gpus", "abc", "GPUs='abc'"),
+                                ("rate_pct", 0.0, "failures %/GPU/day=0.0"),
+                                ("bandwidth_gbs", -1.0, "storage GB/s=-1.0"),
+                                ("gpus", "0", "GPUs=0"),
+                                ("gpus_per_node", "0", "GPUs per node=0")]:
         type_into(calc, **{field: typed})
         assert calc.error.startswith(start) and calc.interval is None, calc.error
         _shows_one_state(calc.result.value, calc.figure, calc.error)
-        type_into(calc, gpus="1000", rate_pct=0.01, bandwidth_gbs=100.0)
+        type_into(calc, gpus="1000", rate_pct=0.01, bandwidth_gbs=100.0, gpus_per_node="8")
         assert calc.error is None

@@ -119,8 +119,8 @@ def test_error_state_hides_the_figure_and_recovers():
     _set(calc, kv_heads=5)
     with pytest.raises(ValueError) as exc:
         calc.model()
-    assert calc.estimate is None and calc.error == str(exc.value)
-    assert "num_kv_heads=5 does not divide num_heads=32" in calc.verdict.value
+    assert calc.estimate is None and calc.error == calc.error_text(exc.value)
+    assert "kv_heads=5 does not divide heads=32" in calc.verdict.value   # as labelled
     assert "Cannot compute" in calc.verdict.value
     # No image rather than an empty one (which a browser draws as a broken-image icon).
     assert calc.breakdown.value == "" and bytes(calc.figure.value) == b""
@@ -133,13 +133,13 @@ def test_error_state_hides_the_figure_and_recovers():
 @pytest.mark.parametrize("values,needle", [
     ({"dp": 0}, "dp=0 must be a whole number >= 1"),
     ({"model": "gpt2", "seq_len": 4096}, "exceeds the 1024 learned positions"),
-    ({"model": "custom", "heads": 32, "kv_heads": 5}, "num_kv_heads=5 does not divide"),
-    ({"model": "custom", "layers": 0}, "num_layers=0 must be a whole number >= 1"),
+    ({"model": "custom", "heads": 32, "kv_heads": 5}, "kv_heads=5 does not divide heads=32"),
+    ({"model": "custom", "layers": 0}, "layers=0 must be a whole number >= 1"),
     ({"dp": 99_999_999_999}, "dp=99999999999 must be a whole number >= 1 and <= 1e7"),
-    ({"batch_size": 10**9}, "batch_size=1000000000 must be a whole number >= 1 and <= 1e8"),
-    ({"model": "custom", "hidden": 10**9}, "hidden_size=1000000000 must be a whole number >= 1 "
+    ({"batch_size": 10**9}, "micro-batch=1000000000 must be a whole number >= 1 and <= 1e8"),
+    ({"model": "custom", "hidden": 10**9}, "hidden=1000000000 must be a whole number >= 1 "
                                            "and <= 1e8"),
-    ({"model": "custom", "vocab": 10**300}, "vocab_size=1.00e300 must be a whole number >= 1 "
+    ({"model": "custom", "vocab": 10**300}, "vocab=1.00e300 must be a whole number >= 1 "
                                             "and <= 1e8"),
     ({"model": "custom", "ffn": 10**7, "hidden": 10**7, "heads": 1, "kv_heads": 1},
      "allowed: at most 1e15"),

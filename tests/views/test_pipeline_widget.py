@@ -83,24 +83,24 @@ def test_activation_memory_per_stage_for_a_model():
     type_into(calc, schedule="1f1b")
     assert calc.activations[0] == pytest.approx(want[0] / 2)   # 4 in flight instead of 8
     type_into(calc, model="gpt2", seq_len="4096")
-    assert calc.error.startswith("seq_len=4096 exceeds the 1024 learned positions of gpt2")
+    assert calc.error.startswith("seq length=4096 exceeds the 1024 learned positions of gpt2")
     check_pipeline(calc)
 
 
 @pytest.mark.parametrize("values, start", [
     ({"stages": "2.5"}, "stages p='2.5' is not a whole number"),
-    ({"microbatches": "0"}, "microbatches=0 must be a whole number >= 1"),
+    ({"microbatches": "0"}, "micro-batches m=0 must be a whole number >= 1"),
     ({"schedule": "interleaved-1f1b", "microbatches": "6"},
-     "microbatches=6 must be a multiple of stages=4"),
+     "micro-batches m=6 must be a multiple of stages p=4"),
     ({"fwd": 0.0}, "forward (ms)=0.0 must be a number >= 1e-06"),
     ({"p2p": -1.0}, "p2p send (ms)=-1.0 must be a number >= 0"),
     ({"stages": "64", "microbatches": "128"},
      f"stages x micro-batches x chunks = 8,192 is more than this calculator simulates and "
      f"draws at each change ({MAX_OPS:,})"),
     ({"schedule": "zero-bubble", "stages": "128", "microbatches": "8"},
-     "stages=128 is more than this calculator simulates for zero-bubble"),
-    ({"stages": str(10**30)}, "stages=1e30 must be a whole number >= 1 and <= 1,024"),
-    ({"model": "gpt2", "stages": "16"}, "pp=16 is larger than num_layers=12"),
+     "stages p=128 is more than this calculator simulates for zero-bubble"),
+    ({"stages": str(10**30)}, "stages p=1e30 must be a whole number >= 1 and <= 1,024"),
+    ({"model": "gpt2", "stages": "16"}, "stages p=16 is larger than num_layers=12"),
     ({"model": "gpt2", "schedule": "interleaved-1f1b", "chunks": "4"},
      "p x v = 16 virtual stages is more than num_layers=12"),
 ])

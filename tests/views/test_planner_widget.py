@@ -81,7 +81,7 @@ def test_defaults_are_the_planners():
 
 def test_typing_reaches_the_planner():
     calc = PlannerCalculator(model="llama2-13b", gpus=16, seq_len=4096)
-    type_into(calc, gpus="1,024", gpu="a100-80gb", global_batch="2048", mfu=0.4, top="5")
+    type_into(calc, gpus="1,024", gpu="a100-80gb", global_batch="2048", mfu=40, top="5")
     check_planner(calc)
     want = plan("llama2-13b", 1024, gpu="a100-80gb", global_batch=2048, seq_len=4096, mfu=0.4)
     assert [e.layout for e in calc.shown] == [e.layout for e in want.ranked[:5]]
@@ -112,22 +112,23 @@ def test_nothing_fits_shows_why_and_the_leanest_layouts_over_the_capacity():
 
 @pytest.mark.parametrize("values, start", [
     ({"gpus": "2.5"}, "GPUs='2.5' is not a whole number"),
-    ({"gpus": "0"}, "gpus=0 must be a whole number >= 1"),
-    ({"gpus": "12"}, "gpus=12 is not a whole number of nodes of gpus_per_node=8"),
-    ({"gpus": str(2 * MAX_GPUS)}, f"gpus={2 * MAX_GPUS:,} is more than this calculator plans"),
+    ({"gpus": "0"}, "GPUs=0 must be a whole number >= 1"),
+    ({"gpus": "12"}, "GPUs=12 is not a whole number of nodes of GPUs per node=8"),
+    ({"gpus": str(2 * MAX_GPUS)}, f"GPUs={2 * MAX_GPUS:,} is more than this calculator plans"),
     ({"global_batch": "abc"}, "global batch='abc' is not a whole number"),
-    ({"seq_len": "-5"}, "seq_len=-5 must be a whole number >= 1"),
-    ({"mfu": 0.0}, "mfu (share of peak)=0.0 must be a number >= 0.001 and <= 1"),
+    ({"seq_len": "-5"}, "seq length=-5 must be a whole number >= 1"),
+    ({"mfu": 0.0}, "MFU (%)=0.0 must be a number >= 1 and <= 100"),
+    ({"mfu": 0.5}, "MFU (%)=0.5 must be a number >= 1 and <= 100"),
     ({"top": "0"}, "top K=0 must be a whole number >= 1"),
     ({"top": str(MAX_TOP + 1)}, f"top K={MAX_TOP + 1} must be a whole number >= 1 and <= "),
-    ({"model": "gpt2", "seq_len": "4096"}, "seq_len=4,096 exceeds the 1,024 learned positions"),
+    ({"model": "gpt2", "seq_len": "4096"}, "seq length=4,096 exceeds the 1,024 learned positions"),
 ])
 def test_bad_input_is_a_message_then_recovers(values, start):
     calc = PlannerCalculator(model="llama2-7b", gpus=16, seq_len=4096, global_batch=64)
     type_into(calc, **values)
     assert calc.error is not None and calc.error.startswith(start), calc.error
     check_planner(calc)
-    type_into(calc, model="llama2-7b", gpus="16", seq_len="4096", global_batch="64", mfu=0.5,
+    type_into(calc, model="llama2-7b", gpus="16", seq_len="4096", global_batch="64", mfu=50,
               top="8", gpus_per_node="8")
     assert calc.error is None                                   # and it recovers
     check_planner(calc)

@@ -1,8 +1,9 @@
 """The quiz widget, driven as a learner would (set .value, .click()) with no kernel, on the real
 bank: right answers (computed from each attempt's expected value) score 100 %, wrong ones 0 %,
 a mix gives the per-topic counts tallied here; feedback shows the expected answer, the worked
-explanation and a seed article's wrong claim; timed mode with a fake clock; bad settings are a
-message, never a traceback."""
+explanation and a popular article's wrong claim (cited by title and author); Enter submits; an
+answer that is no number is asked again, not scored; timed mode with a fake clock; bad settings
+are a message, never a traceback."""
 from __future__ import annotations
 
 import html
@@ -31,6 +32,7 @@ def wrong(a) -> str:
 
 
 def respond(quiz: QuizWidget, text: str) -> None:
+    """Pick an option, or type a number and press Enter (the box sends its value: submitted)."""
     a = quiz.session[quiz.index]
     if a.kind == "choice":
         quiz.choice.value = text
@@ -118,9 +120,9 @@ def test_a_seed_repeats_the_quiz_and_seeds_differ():
     assert isinstance(free.seed, int) and free.session
 
 
-def test_feedback_shows_the_expected_answer_explanation_and_seed_claim():
-    with_claim = [q for q in load_bank() if q.seed_claim]
-    assert with_claim, "the bank has questions with a seed article's wrong claim"
+def test_feedback_shows_the_expected_answer_explanation_and_article_claim():
+    with_claim = [q for q in load_bank() if q.article_claim]
+    assert with_claim, "the bank has questions with a popular article's wrong claim"
     topic = with_claim[0].topic
     available = len(select(topic=topic))
     quiz = QuizWidget(topic=topic, count=available, seed=0)
@@ -131,10 +133,12 @@ def test_feedback_shows_the_expected_answer_explanation_and_seed_claim():
         assert not v.correct and "Wrong" in got
         assert squeeze(a.expected_text) in got
         assert squeeze(a.explanation) in got
-        if a.seed_claim:
+        if a.article_claim:
             claims += 1
+            assert f"A popular article, {squeeze(a.article_claim['source'])}, says" in got
             for key in ("source", "wrong", "why"):
-                assert squeeze(a.seed_claim[key]) in got
+                assert squeeze(a.article_claim[key]) in got
+        assert "seeds/" not in got and "seed article" not in got.lower()
     assert claims >= 1
 
 
@@ -174,6 +178,52 @@ def test_nothing_given_is_a_message_not_an_answer():
     quiz.submit.click()
     quiz.submit.click()                                 # a second Submit is not a second answer
     assert len(quiz.attempts) == 1 and quiz.attempts[0][1].correct
+
+
+def numeric_quiz(seed=1) -> QuizWidget:
+    """A started quiz whose first question is numeric."""
+    for s in range(seed, seed + 50):
+        quiz = QuizWidget(count=3, seed=s)
+        quiz.start.click()
+        if quiz.session[0].kind == "numeric":
+            return quiz
+    raise AssertionError("no numeric first question in 50 seeds")
+
+
+def test_enter_in_the_answer_box_submits():
+    """The box sends its value on Enter (continuous_update=False); that value is the answer,
+    with no click on Submit."""
+    quiz = numeric_quiz()
+    assert quiz.answer.continuous_update is False
+    a = quiz.session[0]
+    quiz.answer.value = right(a)                        # what Enter sends
+    assert len(quiz.attempts) == 1 and quiz.attempts[0][1].correct
+    assert quiz.state == "answered" and "Right" in text(quiz.feedback.value)
+    quiz.submit.click()                                 # Submit after Enter: not a 2nd answer
+    assert len(quiz.attempts) == 1
+    quiz.next.click()                                   # the box is cleared: not an answer
+    assert len(quiz.attempts) == 1 and quiz.answer.value == "" and quiz.state == "asking"
+
+
+@pytest.mark.parametrize("junk", ["abc", "twelve", "1,5", "nan", "12 parsecs", "   "])
+def test_an_answer_that_is_no_number_is_asked_again_not_scored(junk):
+    """It was scored Wrong and revealed the answer: now a message, the question stays open, and
+    the answer appears only once one is given."""
+    quiz = numeric_quiz()
+    a = quiz.session[0]
+    quiz.answer.value = junk                            # Enter
+    quiz.submit.click()                                 # and Submit: the same
+    shown = text(quiz.feedback.value)
+    assert quiz.attempts == [] and quiz.state == "asking", shown
+    if junk.strip():
+        assert "Not an answer yet" in shown and "Try again" in shown
+    else:
+        assert "No answer yet" in shown
+    assert squeeze(a.expected_text) not in shown and "Wrong" not in shown
+    assert quiz.next.layout.display == "none"
+    quiz.answer.value = wrong(a)
+    assert len(quiz.attempts) == 1 and not quiz.attempts[0][1].correct
+    assert squeeze(a.expected_text) in text(quiz.feedback.value)
 
 
 @pytest.mark.parametrize("count", ["0", "-3", "abc", "2.5", "", "99999", "1e3"])
@@ -223,16 +273,16 @@ def test_timed_mode_with_a_fake_clock():
     quiz.start.click()
     assert "60 s to answer" in text(quiz.question_html.value)
     a = quiz.session[0]
-    respond(quiz, right(a))
     now[0] += 61.0                                      # one second late
+    respond(quiz, right(a))
     quiz.submit.click()
     v = quiz.attempts[0][1]
     assert not v.correct and "time up" in v.message and "61.0 s" in v.message
     assert "time up" in text(quiz.feedback.value)
     now[0] += 500.0                                     # time reading the feedback does
     quiz.next.click()                                   # not count: the clock restarts
-    respond(quiz, right(quiz.session[1]))               # when a question shows
-    now[0] += 60.0                                      # exactly the time allowed: in time
+    now[0] += 60.0                                      # when a question shows; exactly
+    respond(quiz, right(quiz.session[1]))               # the time allowed: in time
     quiz.submit.click()
     assert quiz.attempts[1][1].correct
     assert "answered in 60.0 s of 60 s" in text(quiz.feedback.value)
@@ -243,8 +293,8 @@ def test_timed_mode_with_a_fake_clock():
     quiz.timed.value = False                            # untimed: no limit, field hidden
     assert quiz.seconds.layout.display == "none"
     quiz.start.click()
-    respond(quiz, right(quiz.session[0]))
     now[0] += 10**6
+    respond(quiz, right(quiz.session[0]))
     quiz.submit.click()
     assert quiz.attempts[0][1].correct
 

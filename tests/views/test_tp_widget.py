@@ -37,6 +37,8 @@ def check_tp(calc: TPCalculator) -> None:
         assert calc.cost.memory.total == want.memory.total
         assert {"nvlink4", "ib-ndr", kw["link"]} == set(calc.sweeps)
         assert calc.crossings == {k: first_crossing(v) for k, v in calc.sweeps.items()}
+        assert calc.fits == (want.memory.total <= want.gpu.memory)
+        assert ("Does not fit" in calc.result.value) == (not calc.fits)
     else:
         assert calc.cost is None and calc.sweeps is None and calc.crossings is None
         assert _raises_value_error(lambda: [tp_cost(**calc.inputs())])
@@ -55,7 +57,7 @@ def test_defaults_follow_the_cost_model():
 
 def test_typing_reaches_the_cost_model():
     calc = TPCalculator()
-    type_into(calc, tp="4", batch_size="2", seq_len="2,048", link="ib-ndr", mfu=0.4,
+    type_into(calc, tp="4", batch_size="2", seq_len="2,048", link="ib-ndr", mfu=40,
               sequence_parallel=True, model="llama2-13b", precision="fp16-mixed", gpu="a100-80gb")
     check_tp(calc)
     want = tp_cost("llama2-13b", 4, link="ib-ndr", gpu="a100-80gb", mfu=0.4, batch_size=2,
@@ -73,6 +75,22 @@ def test_infiniband_crosses_inside_the_node_and_nvlink_does_not():
     assert f"InfiniBand NDR (1 port): tp={calc.crossings['ib-ndr']}" in shown
 
 
+def test_a_rank_that_does_not_fit_says_so():
+    calc = TPCalculator()                        # Llama-2-7B over 8 ranks: 14 GB of states
+    check_tp(calc)
+    assert calc.fits is True and "Fits" in _text(calc.result.value)
+    type_into(calc, model="llama3-405b")         # 405B over 8 ranks: about 0.8 TB of states
+    check_tp(calc)
+    assert calc.fits is False and "Does not fit" in _text(calc.result.value)
+
+
+def test_mfu_is_typed_in_percent():
+    calc = TPCalculator(mfu=25)
+    want = tp_cost("llama2-7b", 8, link="nvlink4", gpu="h100-sxm", mfu=0.25, seq_len=4096)
+    assert calc.controls["mfu"].description == "MFU (%)"
+    assert calc.cost.compute_time == want.compute_time
+
+
 def test_tp_beyond_a_node_on_nvlink_is_said():
     calc = TPCalculator(tp=16)
     assert calc.cost.leaves_node and "cannot connect a group larger than one node" in \
@@ -85,18 +103,20 @@ def test_tp_beyond_a_node_on_nvlink_is_said():
     ({"tp": "2.5"}, "tp='2.5' is not a whole number"),
     ({"tp": "3"}, "tp=3 does not split llama2-7b"),
     ({"tp": "0"}, "tp=0 must be a whole number >= 1"),
-    ({"seq_len": "100", "sequence_parallel": True}, "tp=8 does not divide seq_len=100"),
-    ({"mfu": 0.0}, "mfu (share of peak)=0.0 must be a number >= 0.001 and <= 1"),
+    ({"seq_len": "100", "sequence_parallel": True}, "tp=8 does not divide seq length=100"),
+    ({"mfu": 0.0}, "MFU (%)=0.0 must be a number >= 1 and <= 100"),
+    ({"mfu": 0.5}, "MFU (%)=0.5 must be a number >= 1 and <= 100"),
     ({"gpu": "t4"}, "precision='bf16-mixed' runs its matmuls in bf16"),
-    ({"model": "gpt2", "tp": "4"}, "seq_len=4096 exceeds the 1024 learned positions of gpt2"),
+    ({"model": "gpt2", "tp": "4"}, "seq length=4096 exceeds the 1024 learned positions of gpt2"),
     ({"batch_size": "abc"}, "micro-batch='abc' is not a whole number"),
+    ({"batch_size": "0"}, "micro-batch=0 must be a whole number >= 1"),
 ])
 def test_bad_input_is_a_message(values, start):
     calc = TPCalculator()
     type_into(calc, **values)
     assert calc.error is not None and calc.error.startswith(start), calc.error
     check_tp(calc)
-    type_into(calc, model="llama2-7b", tp="8", seq_len="4096", mfu=0.5, gpu="h100-sxm",
+    type_into(calc, model="llama2-7b", tp="8", seq_len="4096", mfu=50, gpu="h100-sxm",
               batch_size="1")
     assert calc.error is None                                   # and it recovers
     check_tp(calc)

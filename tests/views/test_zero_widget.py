@@ -100,7 +100,7 @@ def test_offload_keeps_the_stages_that_can_take_it(offload, stages, needs):
 
 @pytest.mark.parametrize("values, start", [
     ({"dp": "2.5"}, "dp (GPUs)='2.5' is not a whole number"),
-    ({"dp": "0"}, "dp=0 must be a whole number >= 1"),
+    ({"dp": "0"}, "dp (GPUs)=0 must be a whole number >= 1"),
     ({"model": CUSTOM, "params_b": 0.0}, "custom size (billion parameters)=0.0 must be"),
     ({"model": "gpt2"}, "seq_len=4096 exceeds the 1024 learned positions of gpt2"),
     ({"offload": "optimizer", "compute_ms": 0.0}, "compute per step (ms)=0.0 must be"),

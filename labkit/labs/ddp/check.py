@@ -106,8 +106,9 @@ class DDPCheck:
         if self.construct_diff > RTOL:
             out["broadcast"] = (
                 f"after {self.name}(model), a rank's model differs from rank 0's by up to "
-                f"{self.construct_diff:.3g} (in {self.construct_where!r}): broadcast every "
-                "parameter and buffer from rank 0 in __init__ (dist.broadcast(t, src=0))")
+                f"{self.construct_diff:.3g} (in {self.construct_where!r}): the replicas must "
+                "start equal, every parameter and buffer taking rank 0's values when the "
+                "wrapper is built")
             out["gradients"] = out["parameters"] = ("not compared: the replicas did not start "
                                                     "equal (" + out["broadcast"] + ")")
             return
@@ -140,7 +141,7 @@ class DDPCheck:
         step = first_bad(self.diff_single)
         if step is not None:
             ratio = self.update_ratio[step]
-            why = (f"the {m} micro-batches: divide each micro-batch's loss by {m}"
+            why = (f"the {m} micro-batches' gradients summed, not averaged"
                    if abs(ratio - m) < 1e-3 else "each rank's micro-batches once, then one "
                    "optimizer step")
             out["parameters"] = (f"after step {step + 1}, parameters differ from one process "
@@ -150,9 +151,9 @@ class DDPCheck:
         got, want = self.count_per_step, self.per_backward[0]
         if any(c != want for c, _ in self.all_reduces) or not self.all_reduces:
             more = (f"{got} = {got / max(want, 1):g} x {want}: DDP all-reduces in every backward "
-                    "outside no_sync(); run all but the last backward inside `with "
-                    "model.no_sync():`" if got > want else "the last micro-batch's backward "
-                    "must run outside no_sync(), or nothing is averaged")
+                    "it is allowed to synchronise; only the last micro-batch's should (the "
+                    "others accumulate locally: DDP's no_sync)" if got > want else "the last "
+                    "micro-batch's backward must synchronise, or nothing is averaged")
             out["all_reduces"] = (f"your step issued {got} all-reduces for {m} micro-batches; one "
                                   f"synchronised backward issues {want} (torch DDP's buckets): "
                                   + more)

@@ -25,6 +25,7 @@ FLAGS = ("bucket_cap_mb", "gradient_as_bucket_view", "find_unused_parameters", "
          "broadcast_buffers", "no_sync")         # what --part flags measures, one at a time
 WARMUP = 3
 USED_MAP_BYTES = 4         # the reducer's used-parameter map: one int32 per parameter tensor
+TIMING_ROUNDS = 10         # interleaved steps per setting where a step-time ratio is reported
 
 
 def trial(args, ctx, module, *, micro: int = 1, no_sync: bool = False, wrapper=None,
@@ -84,6 +85,40 @@ def trial(args, ctx, module, *, micro: int = 1, no_sync: bool = False, wrapper=N
     return out
 
 
+def interleaved(args, ctx, settings: dict, rounds: int = TIMING_ROUNDS) -> dict:
+    """Step times of torch DDP under each setting ({label: (module, ddp_kwargs)}), the settings
+    taking turns step by step after WARMUP steps each (the order reversed every other round):
+    load from other work slows whichever setting runs at that moment, so taking turns spreads
+    it over all of them, and the shortest step of each (timeit's rule) is the least disturbed.
+    Two settings timed one after the other instead (2 steps each) once put
+    find_unused_parameters=True at 0.68x the default: noise. {label: [seconds per step]}"""
+    models = {k: torch_ddp(module, **kw) for k, (module, kw) in settings.items()}
+    opts = {k: torch.optim.SGD(m.parameters(), lr=args.lr) for k, m in models.items()}
+    times: dict = {k: [] for k in models}
+    order = list(models)
+    for step in range(WARMUP + rounds):
+        ids = shard(global_batch(args, ctx.world_size, step), ctx)
+        for k in (order if step % 2 == 0 else order[::-1]):
+            barrier(ctx)
+            t = time.perf_counter()
+            models[k](ids).backward()
+            opts[k].step()
+            opts[k].zero_grad()
+            synchronize(ctx.device)
+            if step >= WARMUP:
+                times[k].append(time.perf_counter() - t)
+    return times
+
+
+def ratio_spread(base: list, other: list) -> dict:
+    """other against base: the ratio of their shortest steps, and the ratios of the steps taken
+    side by side (round by round): their median and range, the spread a reader needs to tell
+    a cost from noise."""
+    pairs = sorted(b / a for a, b in zip(base, other))
+    return dict(rounds=len(pairs), base_s=base, other_s=other, ratio_min=min(other) / min(base),
+                ratio_median=median(pairs), ratio_low=pairs[0], ratio_high=pairs[-1])
+
+
 def run_flags(args, ctx) -> dict:
     from labkit.comm import step_communication
     from labkit.parallel.ddp import BucketedDDP, assign_buckets
@@ -135,6 +170,11 @@ def run_flags(args, ctx) -> dict:
             True, r, predicted_bytes=G + 4 * u + USED_MAP_BYTES * (T + len(extra)),
             predicted_calls=len(r["buckets"]) + 1, unused_params=u)]
         out["unused_error"] = unused_error(args, ctx, fresh(unused=True))
+        # the flag's cost is time (a walk of the autograd graph after every forward): measured
+        # with the two settings taking turns, so that noise cannot pass for it
+        times = interleaved(args, ctx, {False: (fresh(), {}),
+                                        True: (fresh(), {"find_unused_parameters": True})})
+        out["find_unused_time"] = ratio_spread(times[False], times[True])
     if "static_graph" in flags:
         out["static_graph"] = [row(v, r) for v in (False, True)
                                for r in [trial(args, ctx, fresh(), static_graph=v)]]
@@ -206,6 +246,11 @@ def print_flags(r: dict) -> None:
                       f"{x['predicted_broadcasts']} of {x['predicted_broadcast_bytes']:,} B")
             if "unused_params" in x:
                 print(f"{'':<37}(a model with {x['unused_params']} unused parameters)")
+    if "find_unused_time" in r:
+        t = r["find_unused_time"]
+        print(f"find_unused_parameters=True / default, step time, {t['rounds']} interleaved steps "
+              f"each: shortest {t['ratio_min']:.3f}x; step by step median {t['ratio_median']:.3f}x, "
+              f"range {t['ratio_low']:.2f}-{t['ratio_high']:.2f}x")
     if "unused_error" in r:
         print(f"an unused parameter without find_unused_parameters: {r['unused_error']}")
 

@@ -83,8 +83,8 @@ class WrapCheck:
             missing = [u or "the root (the model itself)" for u in want_units
                        if u not in self.units]
             out["units"] = (f"the FSDP units are {[u or '<root>' for u in self.units]}; "
-                            f"missing {missing}: call fully_shard on each of the "
-                            f"{len(self.blocks)} blocks, then on the model")
+                            f"missing {missing}: each of the {len(self.blocks)} blocks is "
+                            "an FSDP unit of its own, and the model the root unit")
         full = 4 * self.params
         bad = [(r, b) for r, b in enumerate(self.local_bytes) if b * self.world_size != full]
         if bad:
@@ -183,8 +183,8 @@ class ResumeCheck:
         out = dict.fromkeys(aspects, "")
         if self.loaded_diff != 0:
             out["model"] = (f"after {self.load_name}, the parameters differ from those saved by "
-                            f"{self.loaded_diff:.3g} of the largest: load the model's state "
-                            "dict and set it on the model (set_state_dict)")
+                            f"{self.loaded_diff:.3g} of the largest: the values loaded never "
+                            "reached the model's parameters")
         if self.loss_diff != 0:
             step = next(i for i, (a, b) in enumerate(
                 zip(self.resumed, self.uninterrupted[self.save_at:])) if a != b)

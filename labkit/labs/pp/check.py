@@ -89,8 +89,8 @@ class GPipeCheck:
             g = row["grads"]
             if g["missing"]:
                 return (f"stage {r}'s {', '.join(g['missing'][:3])} has no gradient: every "
-                        "micro-batch's backward must reach this stage (recv the output's "
-                        "gradient, then output.backward(grad))")
+                        "micro-batch's backward must reach this stage (the gradient of its "
+                        "output comes from the next stage, and backpropagates from here)")
             if g["diff"] > DIFF_TOL:
                 scale = g["scale"]
                 why = (f": exactly {m} x: each micro-batch's loss must be divided by m = {m} "

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as tdist
 
 from labkit.labs.common import pipeline as shared
-from labkit.runtime import measure
+from labkit.runtime import measure, noise
 
 VARIANTS = ("ddp", "ddp static_graph", "fsdp2")
 REDUCTIONS = ("all_reduce", "reduce_scatter", "all_gather")
@@ -73,7 +73,7 @@ def run_variant(variant, base, mesh, args, ctx) -> dict:
         ids = shared.batch(args, replicas=2, step=step).chunk(2)[dp]
         losses: list = []
         try:
-            with measure.CollectiveCounter() as counter:
+            with measure.CollectiveCounter() as counter, noise.ignoring(noise.PAST_KEY_VALUES):
                 schedule.step(*((ids,) if pp == 0 else ()), target=ids if pp == 1 else None,
                               losses=losses)
             failed = 0.0

@@ -68,8 +68,8 @@ class TwoDCheck:
         if plain:
             where = self.placements[plain[0]] or "a plain tensor"
             out["fsdp"] = (f"{len(plain)} of {len(self.placements)} parameters are not sharded "
-                           f"over the 'dp' axis (e.g. {plain[0]}: {where}): fully_shard each "
-                           "decoder layer, then the root, with mesh=mesh['dp']")
+                           f"over the 'dp' axis (e.g. {plain[0]}: {where}): each decoder "
+                           "layer, then the root, is an FSDP unit over the mesh's 'dp' axis")
         held, want = max(self.local_bytes), self.predicted_bytes
         if held != want:
             out["bytes"] = (f"a rank holds {held:,} B of parameters; predicted {want:,} B "
@@ -96,10 +96,12 @@ class TwoDCheck:
         for name, places in self.placements.items():
             linear = layer_linear(name)
             if linear and places.get("tp") != TP_SHARD[linear]:
-                how = "ColwiseParallel" if linear in COLWISE else "RowwiseParallel"
+                how = ("column-parallel: each tp rank keeps a block of the weight's rows, its "
+                       "output features" if linear in COLWISE else "row-parallel: each tp "
+                       "rank keeps a block of the weight's columns, its input features")
                 got = places.get("tp", "not sharded") if places else "a plain tensor"
                 return (f"{name} is {got} on the 'tp' axis; expected {TP_SHARD[linear]} "
-                        f"({how} on mesh['tp'])")
+                        f"({how})")
         return ""
 
     def summary(self) -> str:

@@ -17,6 +17,7 @@ import time
 import torch
 
 from labkit.labs.threed import shared
+from labkit.runtime import noise
 
 
 def degrees(part: str, world: int):
@@ -63,7 +64,8 @@ def run_pp(args, ctx) -> dict:
         mine = ids.chunk(2)[dp].to(ctx.device)
         out: list = []
         t = time.perf_counter()
-        with shared.AxisCounter() as counter:
+        with (shared.AxisCounter() as counter,
+              noise.ignoring(noise.PAST_KEY_VALUES, noise.FSDP2_VIEW)):     # a stage's logits
             schedule.step(*((mine,) if pp == 0 else ()), target=mine if pp == 1 else None,
                           losses=out)
         opt.step()

@@ -124,6 +124,25 @@ class ConjugateCheck:
         return "\n".join(lines)
 
 
+def _split_diagnosis(kind: str, name: str, rs: list) -> str:
+    """Why a layer whose weight was split along the wrong dimension failed (torch says only
+    "mat1 and mat2 shapes cannot be multiplied"), from the weight each rank held: '' when every
+    rank's weight has the shard's shape."""
+    for rank, r in enumerate(rs):
+        cmp = r.get("weight")
+        if not cmp or not cmp.get("shape") or cmp["shape"] == cmp["want_shape"]:
+            continue
+        n_in, n_out = SHAPES[kind]
+        features = ("output features, dim 0: a block of its rows" if kind == "column" else
+                    "input features, dim 1: a block of its columns")
+        return (f"\n  why: {name}.weight on rank {rank} has shape {cmp['shape']}, not the "
+                f"shard's {cmp['want_shape']}. nn.Linear({n_in}, {n_out}) stores its weight as "
+                f"(out_features, in_features) = ({n_out}, {n_in}); a {kind}-parallel layer "
+                f"splits its {features}. Split along the other dimension, the weight no longer "
+                "matches the input it multiplies.")
+    return ""
+
+
 @dataclass
 class LinearCheck:
     """A column- or row-parallel layer of yours against nn.Linear on one process."""
@@ -144,6 +163,8 @@ class LinearCheck:
         if "NameError" in err and not uses:
             err += (" (a class or function from another cell? pass it: "
                     f"run_user_{kind}({name}, uses=(F, G)))")
+        if err:
+            err += _split_diagnosis(kind, name, rs)
         return cls(kind=kind, name=name, world_size=len(rs), uses=list(uses), error=err,
                    rows=[] if err else list(rs), output=list(output))
 

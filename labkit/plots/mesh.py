@@ -56,7 +56,7 @@ def mesh_figure(groups: dict, gpus_per_node: int = 8, title: str | None = None):
     gpn = min(gpn, world)
     axes = [a for a, gs in groups.items() if len(gs[0]) > 1] or list(groups)[:1]
     nodes = -(-world // gpn)
-    fig = new_figure(3.2 * len(axes) + 0.5, 0.6 + 0.35 * max(nodes, 2) + 0.25 * (nodes < 4))
+    fig = new_figure(3.2 * len(axes) + 0.5, 1.0 + 0.35 * max(nodes, 2) + 0.25 * (nodes < 4))
     for k, axis in enumerate(axes):
         ax = fig.add_subplot(1, len(axes), k + 1)
         colour = {r: i for i, g in enumerate(groups[axis]) for r in g}
@@ -77,7 +77,8 @@ def mesh_figure(groups: dict, gpus_per_node: int = 8, title: str | None = None):
         ax.set_yticks([])
         ax.set_xlabel(f"GPU in node ({gpn} per node)", fontsize=7)
         if k == 0:
-            ax.set_ylabel(f"node (0..{nodes - 1}, top down)", fontsize=7)
+            # a short label where the grid is short: the long one ran into the title above
+            ax.set_ylabel(f"node (0..{nodes - 1}, top down)" if nodes >= 4 else "node", fontsize=7)
         n = len(groups[axis])
         ax.set_title(f"{axis}: {n} groups of {len(groups[axis][0])}\n"
                      f"{link_of(groups[axis], gpn)}", fontsize=8)

@@ -27,7 +27,7 @@ LAB_TIMES: tuple[tuple[str, str, int, tuple[str, ...], float], ...] = (
      ("--sizes", "4K,64K,512K,2M,8M", "-n", "3", "-w", "1", "--plot", ""), 1.5),
     ("ddp:sampler", "ddp", 4, ("--part", "sampler", "--samples", "10"), 0.5),
     ("ddp:compare", "ddp", 2, ("--part", "compare"), 6.8),
-    ("ddp:flags", "ddp", 2, ("--part", "flags", "--steps", "2"), 17.2),
+    ("ddp:flags", "ddp", 2, ("--part", "flags", "--steps", "2"), 29.9),
     ("ddp:straggler", "ddp", 2, ("--part", "straggler", "--sleep", "0.05"), 1.4),
     ("zero", "zero", 4, (), 5.2),
     ("fsdp:compare", "fsdp", 4, ("--part", "compare"), 4.0),

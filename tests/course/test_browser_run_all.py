@@ -3,7 +3,9 @@ lesson that draws labkit.plots figures: its tab is not marked modified a few sec
 opening (the committed metadata is what JupyterLab writes: labkit.course.exercises.
 NOTEBOOK_METADATA); then Run > Run All Cells, and every cell runs without an error and every
 figure is an <img> with a size (never the text `<Figure size ...>`). Skipped where Chromium or
-playwright is not installed (.ci/run installs both), like test_browser.py."""
+playwright is not installed (.ci/run installs both), like test_browser.py.
+LABKIT_RUN_ALL_LESSONS=05_fsdp.ipynb,07_pipeline_parallel.ipynb runs others; with
+LABKIT_SCREENSHOTS=1 each figure cell's output is saved to docs/screenshots/ as a learner sees it."""
 from __future__ import annotations
 
 import json
@@ -23,16 +25,19 @@ pytestmark = [pytest.mark.server, pytest.mark.slow]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 TOKEN = "labkit-run-all-test"
 LESSON = "06_tensor_parallel.ipynb"     # four labkit.plots figures, five labs: 15 s to 1 min
+LESSONS = os.environ.get("LABKIT_RUN_ALL_LESSONS", LESSON).split(",")
+SHOTS = ROOT / "docs" / "screenshots" if os.environ.get("LABKIT_SCREENSHOTS") else None
 CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                  "--disable-background-networking", "--disable-component-update", "--no-first-run",
                  "--disable-sync"]
 RUN_ALL_LIMIT_MS = 600_000   # Run All of the lesson on a loaded 2-core machine, with room
 # a cell draws a figure when it calls a labkit.plots module's function (tp_plots.weight_split(...))
-DRAWS = re.compile(r"\b\w*plots\.\w+\(")
+DRAWS = re.compile(r"\b\w*plots\.\w+\(|\b\w+_figure\(")
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
+@pytest.fixture(scope="module", params=LESSONS)
+def lab(tmp_path_factory, request):
+    lesson = request.param
     if not os.path.exists(CHROMIUM):
         pytest.skip("Chromium is not installed (apt-get install chromium)")
     pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
@@ -40,7 +45,7 @@ def lab(tmp_path_factory):
     root = tmp_path / "root"
     root.mkdir()
     # a copy, byte for byte: Run All's autosave must not write outputs into the checkout
-    shutil.copyfile(ROOT / "notebooks" / LESSON, root / LESSON)
+    shutil.copyfile(ROOT / "notebooks" / lesson, root / lesson)
     settings = tmp_path / "settings" / "@jupyterlab"
     (settings / "apputils-extension").mkdir(parents=True)
     (settings / "apputils-extension" / "notification.jupyterlab-settings").write_text(
@@ -51,10 +56,10 @@ def lab(tmp_path_factory):
         json.dumps({"windowingMode": "none"}))
     env = {"JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
            "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces")}
-    cmd = lab_command(port=0, token=TOKEN, open_browser=False, notebook=LESSON)
+    cmd = lab_command(port=0, token=TOKEN, open_browser=False, notebook=lesson)
     cmd = [f"--ServerApp.root_dir={root}" if a.startswith("--ServerApp.root_dir=") else a for a in cmd]
     with serving(cmd, root, tmp_path / "runtime", env) as info:
-        yield f"http://127.0.0.1:{info['port']}", root / LESSON, tmp_path
+        yield f"http://127.0.0.1:{info['port']}", root / lesson, tmp_path
 
 
 def _figure_cells(path) -> list[int]:
@@ -77,17 +82,28 @@ CELLS = """() => [...document.querySelectorAll('.jp-Notebook .jp-Cell')].map(cel
 }))"""
 
 
+def _save_figures(page, lesson: str, figure_cells: list[int]) -> None:
+    """Each figure cell's output area as JupyterLab shows it, docs/screenshots/LESSON-figN.png."""
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    stem = lesson.removesuffix(".ipynb")
+    for n, i in enumerate(figure_cells, 1):
+        area = page.locator(".jp-Notebook .jp-Cell").nth(i).locator(".jp-OutputArea")
+        area.scroll_into_view_if_needed()
+        area.screenshot(path=str(SHOTS / f"{stem}-fig{n}.png"))
+
+
 def test_a_lesson_opens_unmodified_and_runs_all_with_its_figures(lab):
     from playwright.sync_api import sync_playwright
 
     server, path, tmp_path = lab
+    lesson = path.name
     committed = path.read_bytes()
     shot = tmp_path / "run-all.png"
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         try:
-            page.goto(f"{server}/lab/tree/{LESSON}?reset&token={TOKEN}")
+            page.goto(f"{server}/lab/tree/{lesson}?reset&token={TOKEN}")
             page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
             # Under load JupyterLab may ask which kernel to use: take the default (python3).
             dialog = page.locator(".jp-Dialog .jp-mod-accept")
@@ -115,18 +131,20 @@ def test_a_lesson_opens_unmodified_and_runs_all_with_its_figures(lab):
             took = time.monotonic() - started
             page.wait_for_timeout(1_000)      # the last outputs and images settle
             cells = page.evaluate(CELLS)
+            if SHOTS:
+                _save_figures(page, lesson, _figure_cells(path))
         except Exception:
             page.screenshot(path=str(shot), full_page=True)
             print(f"screenshot of the failing page: {shot}")
             raise
         finally:
             browser.close()
-    print(f"Run All of {LESSON} in JupyterLab took {took:.0f} s")
-    nb_cells = nbformat.read(ROOT / "notebooks" / LESSON, as_version=4).cells
+    print(f"Run All of {lesson} in JupyterLab took {took:.0f} s")
+    nb_cells = nbformat.read(ROOT / "notebooks" / lesson, as_version=4).cells
     assert len(cells) == len(nb_cells), f"the page shows {len(cells)} cells, the notebook has {len(nb_cells)}"
     errors = {i: c["errors"] for i, c in enumerate(cells) if c["errors"]}
     assert not errors, f"cells that raised (index: error text): {errors}"
-    for i in _figure_cells(ROOT / "notebooks" / LESSON):
+    for i in _figure_cells(ROOT / "notebooks" / lesson):
         c = cells[i]
         assert not c["figureText"], f"cell {i} shows `<Figure size ...>` text instead of its figure"
         assert c["images"], f"cell {i} draws a figure and shows no <img>"

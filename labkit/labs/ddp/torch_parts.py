@@ -25,7 +25,7 @@ FLAGS = ("bucket_cap_mb", "gradient_as_bucket_view", "find_unused_parameters", "
          "broadcast_buffers", "no_sync")         # what --part flags measures, one at a time
 WARMUP = 3
 USED_MAP_BYTES = 4         # the reducer's used-parameter map: one int32 per parameter tensor
-TIMING_ROUNDS = 10         # interleaved steps per setting where a step-time ratio is reported
+TIMING_ROUNDS = 6          # interleaved steps per setting where a step-time ratio is reported
 
 
 def trial(args, ctx, module, *, micro: int = 1, no_sync: bool = False, wrapper=None,

@@ -89,13 +89,17 @@ def run_straggler(args, ctx) -> dict:
                 timings=per_rank if ctx.rank == 0 else None)
 
 
+SHOWN = {"healthy": "before", "straggler": "after"}    # phase names as the log shows them
+
+
 def print_straggler(r: dict) -> None:
+    # The log is a diagnosis case's evidence: it says what was measured, never the cause
+    # (which rank sleeps, and that it is a straggler, is the answer the learner works out).
     print(f"torch DDP, {r['world_size']} ranks, {r['num_params']:,} parameters; {r['steps']} "
-          f"healthy steps, then {r['steps']} with rank {r['slow_rank']} doing {r['sleep']:g} s "
-          "of extra work per step")
+          f"steps ('before'), then {r['steps']} more after the job changed ('after')")
     for rank, steps in enumerate(r["timings"]):
         for s in steps:
-            print(f"rank {rank} step {s['step']:>2} ({s['phase']:<9}): step "
+            print(f"rank {rank} step {s['step']:>2} ({SHOWN[s['phase']]:<6}): step "
                   f"{1e3 * (s['end'] - s['start']):6.1f} ms = forward "
                   f"{1e3 * (s['forward'] - s['start']):5.1f} + other work "
                   f"{1e3 * (s['extra'] - s['forward']):5.1f} + backward incl. all-reduce wait "

@@ -231,7 +231,7 @@ def test_error_state_shows_no_broken_image(custom_page, screenshot_on_failure):
     heads = page.locator(".labkit-control-heads input")
     heads.fill("3")                                   # 32 KV heads cannot group 3 heads
     heads.press("Enter")
-    page.locator(".labkit-error", has_text="num_kv_heads=32").wait_for(timeout=30_000)
+    page.locator(".labkit-error", has_text="kv_heads=32 does not divide heads=3").wait_for(timeout=30_000)
     broken = page.evaluate("""() => [...document.querySelectorAll('.jp-OutputArea img')]
         .filter(img => img.offsetParent !== null && !(img.naturalWidth > 0)).length""")
     assert broken == 0, "an empty image (a broken-image icon) is shown in the error state"

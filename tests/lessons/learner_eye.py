@@ -23,8 +23,6 @@ CELL_TIMEOUT_S = 900      # a cell past this is stuck, whatever the load
 # turns them off, e.g. to time the lessons alone.
 BURNERS = int(os.environ.get("LABKIT_TIER_BURNERS", "1"))
 
-# labkit.plots names that return no figure (formatting helpers, PNG encoding, text summaries)
-NOT_FIGURES = {"png_bytes", "fmt_bytes", "summarize"}
 WARNING = re.compile(r"\b(\w*Warning): (.+)")
 
 
@@ -34,9 +32,52 @@ def _burn(seconds: float) -> None:
         sum(i * i for i in range(10_000))
 
 
-def figure_calls(source: str, plot_names: set[str], plot_modules: set[str]) -> list[str]:
-    """The calls in a cell that draw a labkit figure: names imported from labkit.plots (or its
-    modules), attributes of an alias of a labkit.plots module, and `.figure()` methods."""
+def drawing_functions() -> set[str]:
+    """Qualified names (labkit.plots.MODULE.NAME) of labkit.plots' functions that make a figure:
+    those that call new_figure or Figure(...), directly or through another function of
+    labkit.plots (read from the source, so a new figure function needs no list kept here)."""
+    root = ROOT / "labkit" / "plots"
+    calls: dict[str, set[str]] = {}
+    for path in root.glob("*.py"):
+        module = "labkit.plots" + ("" if path.stem == "__init__" else f".{path.stem}")
+        tree = ast.parse(path.read_text())
+        imported = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("labkit.plots"):
+                for a in node.names:
+                    imported[a.asname or a.name] = f"{node.module}.{a.name}"
+        for fn in tree.body:
+            if not isinstance(fn, ast.FunctionDef):
+                continue
+            found = set()
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Call):
+                    f = node.func
+                    name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+                    if name in ("new_figure", "Figure", "subplots"):
+                        found.add("<figure>")
+                    elif isinstance(f, ast.Name):
+                        found.add(imported.get(name, f"{module}.{name}"))
+            calls[f"{module}.{fn.name}"] = found
+    drawing = {q for q, c in calls.items() if "<figure>" in c}
+    while True:
+        more = {q for q, c in calls.items() if q not in drawing and c & drawing}
+        if not more:
+            return drawing
+        drawing |= more
+
+
+DRAWING = None
+
+
+def figure_calls(source: str, plot_names: dict, plot_modules: dict) -> list[str]:
+    """The calls in a cell that draw a labkit figure: functions of labkit.plots that make one
+    (drawing_functions), called by an imported name or through an alias of their module, and
+    `.figure()` methods (a diagnosis case's). plot_names and plot_modules carry the notebook's
+    imports from cell to cell."""
+    global DRAWING
+    if DRAWING is None:
+        DRAWING = drawing_functions()
     try:
         tree = ast.parse(source)
     except SyntaxError:           # IPython syntax (magics): nothing to read
@@ -44,26 +85,24 @@ def figure_calls(source: str, plot_names: set[str], plot_modules: set[str]) -> l
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("labkit.plots"):
             for a in node.names:
-                submodule = f"{node.module}.{a.name}" if node.module == "labkit.plots" else ""
-                if submodule and a.name not in NOT_FIGURES and not a.name.endswith("bytes"):
-                    if a.name[0].islower() and a.name in {"fsdp", "tp", "pipeline", "pp", "zero",
-                                                          "mesh", "ddp", "comm", "timeline",
-                                                          "checkpoint", "planner", "diagnose",
-                                                          "memory", "fsdp_calc", "tp_calc",
-                                                          "zero_calc"}:
-                        plot_modules.add(a.asname or a.name)
-                        continue
-                if a.name not in NOT_FIGURES:
-                    plot_names.add(a.asname or a.name)
+                full = f"{node.module}.{a.name}"
+                if (ROOT / Path(*full.split("."))).with_suffix(".py").exists():
+                    plot_modules[a.asname or a.name] = full
+                else:
+                    plot_names[a.asname or a.name] = full
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("labkit.plots") and a.asname:
+                    plot_modules[a.asname] = a.name
     calls = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
         f = node.func
-        if isinstance(f, ast.Name) and f.id in plot_names:
+        if isinstance(f, ast.Name) and plot_names.get(f.id) in DRAWING:
             calls.append(f.id)
         elif isinstance(f, ast.Attribute):
-            if isinstance(f.value, ast.Name) and f.value.id in plot_modules and f.attr not in NOT_FIGURES:
+            if isinstance(f.value, ast.Name) and f"{plot_modules.get(f.value.id)}.{f.attr}" in DRAWING:
                 calls.append(f"{f.value.id}.{f.attr}")
             elif f.attr == "figure" and not node.args:
                 calls.append(".figure()")
@@ -119,7 +158,7 @@ def run_lesson(name, silence_s: float = SILENCE_S, burners: int = BURNERS) -> li
         for b in burners:
             b.kill()
     markdown = " ".join(" ".join(c.source.split()) for c in nb.cells if c.cell_type == "markdown")
-    plot_names, plot_modules = set(), set()
+    plot_names, plot_modules = {}, {}
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue

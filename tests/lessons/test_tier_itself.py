@@ -5,7 +5,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from learner_eye import ROOT, figure_calls, run_lesson
+from learner_eye import ROOT, drawing_functions, figure_calls, run_lesson
 
 
 def test_every_lesson_has_its_learner_eye_test():
@@ -17,7 +17,7 @@ def test_every_lesson_has_its_learner_eye_test():
 
 
 def test_figure_calls_are_found_by_what_labkit_plots_imports():
-    names, modules = set(), set()
+    names, modules = {}, {}
     assert figure_calls("from labkit.plots import png_bytes, fmt_bytes\nx = png_bytes(f)",
                         names, modules) == []
     assert figure_calls("from labkit.plots import pipeline as pipe_plots\npipe_plots.gantt(r);",
@@ -27,6 +27,11 @@ def test_figure_calls_are_found_by_what_labkit_plots_imports():
     assert figure_calls("from labkit.plots.mesh import mesh_figure\nmesh_figure(d)", names,
                         modules) == ["mesh_figure"]
     assert figure_calls("case.figure()", names, modules) == [".figure()"]
+    # a labkit.plots function that returns data, not a figure (lesson 02's ring steps)
+    assert figure_calls("from labkit.plots import comm as pc\nsteps = pc.ring_all_reduce_steps(4)",
+                        names, modules) == []
+    assert figure_calls("pc.ring_steps_figure(steps)", names, modules) == ["pc.ring_steps_figure"]
+    assert "labkit.plots.pipeline.gantt" in drawing_functions()      # through a helper too
     assert figure_calls("%%torchrun -n 2\nprint(1)", names, modules) == []
 
 

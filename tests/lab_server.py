@@ -4,9 +4,24 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
+
+import pytest
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-background-networking", "--disable-component-update", "--no-first-run",
+                 "--disable-sync"]
+
+
+def require_browser() -> None:
+    """Skip the test where Chromium or playwright is missing (.ci/run installs both)."""
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("Chromium is not installed (apt-get install chromium)")
+    pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
 
 
 @contextlib.contextmanager

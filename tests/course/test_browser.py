@@ -7,23 +7,17 @@ One JupyterLab and one Chromium serve the whole module."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
-from lab_server import serving
+from lab_server import CHROMIUM, CHROMIUM_ARGS, require_browser, serving
 
 from labkit.cli.course import lab_command
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 TOKEN = "labkit-browser-test"
 SCREENSHOT = Path(tempfile.gettempdir()) / "labkit-browser-test-failure.png"
-CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--disable-background-networking", "--disable-component-update", "--no-first-run",
-                 "--disable-sync"]
 NOTEBOOKS = {
     "calc.ipynb": "from labkit.widgets.memory import MemoryCalculator\n"
                   "calc = MemoryCalculator()\ncalc",
@@ -48,9 +42,7 @@ def _notebook(source: str) -> str:
 
 @pytest.fixture(scope="module")
 def lab_server(tmp_path_factory):
-    if not os.path.exists(CHROMIUM):
-        pytest.skip("Chromium is not installed (apt-get install chromium)")
-    pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+    require_browser()
     tmp_path = tmp_path_factory.mktemp("lab")
     root = tmp_path / "root"
     root.mkdir()

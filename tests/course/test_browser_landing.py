@@ -4,9 +4,7 @@ Skipped where Chromium or playwright is not installed."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import sys
 import tempfile
 import time
@@ -14,15 +12,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from lab_server import serving
+from lab_server import CHROMIUM, CHROMIUM_ARGS, require_browser, serving
 
 from labkit.course.outline import repo_root
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--disable-background-networking", "--disable-component-update", "--no-first-run",
-                 "--disable-sync"]
 SCREENSHOT = Path(tempfile.gettempdir()) / "labkit-landing-test-failure.png"
 NEWS = "official Jupyter news"
 NOTIFICATION = "@jupyterlab/apputils-extension:notification"
@@ -32,9 +26,7 @@ NOTIFICATION = "@jupyterlab/apputils-extension:notification"
 def course_server(tmp_path):
     """`labkit course` as `make lab` starts it (a token of Jupyter's choosing), with a learner's
     fresh Jupyter directories; yields the URL it printed."""
-    if not os.path.exists(CHROMIUM):
-        pytest.skip("Chromium is not installed (apt-get install chromium)")
-    pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+    require_browser()
     env = {"JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "JUPYTER_DATA_DIR": str(tmp_path / "data"),
            "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
            "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces")}

@@ -17,19 +17,15 @@ import time
 import nbformat
 import pytest
 from conftest import ROOT
-from lab_server import serving
+from lab_server import CHROMIUM, CHROMIUM_ARGS, require_browser, serving
 
 from labkit.cli.course import lab_command
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 TOKEN = "labkit-run-all-test"
 LESSON = "06_tensor_parallel.ipynb"     # four labkit.plots figures, five labs: 15 s to 1 min
 LESSONS = os.environ.get("LABKIT_RUN_ALL_LESSONS", LESSON).split(",")
 SHOTS = ROOT / "docs" / "screenshots" if os.environ.get("LABKIT_SCREENSHOTS") else None
-CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--disable-background-networking", "--disable-component-update", "--no-first-run",
-                 "--disable-sync"]
 RUN_ALL_LIMIT_MS = 600_000   # Run All of the lesson on a loaded 2-core machine, with room
 # a cell draws a figure when it calls a labkit.plots module's function (tp_plots.weight_split(...))
 DRAWS = re.compile(r"\b\w*plots\.\w+\(|\b\w+_figure\(")
@@ -38,9 +34,7 @@ DRAWS = re.compile(r"\b\w*plots\.\w+\(|\b\w+_figure\(")
 @pytest.fixture(scope="module", params=LESSONS)
 def lab(tmp_path_factory, request):
     lesson = request.param
-    if not os.path.exists(CHROMIUM):
-        pytest.skip("Chromium is not installed (apt-get install chromium)")
-    pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+    require_browser()
     tmp_path = tmp_path_factory.mktemp("run-all")
     root = tmp_path / "root"
     root.mkdir()

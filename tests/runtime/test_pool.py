@@ -78,15 +78,22 @@ CANDIDATES = ("packaging.requirements", "packaging.markers", "packaging.tags",
               "packaging.specifiers", "packaging.version", "idna", "certifi")
 
 
-def test_the_pool_is_reused_and_imports_what_labs_imported():
+def not_warm_yet(warm) -> str:
+    """A module of CANDIDATES that is installed and not yet imported by the warm pool `warm`."""
     import importlib.util
-    probe()
-    first = pool.current()
-    first.sync()
-    name = next((m for m in CANDIDATES if m not in first.modules
+
+    name = next((m for m in CANDIDATES if m not in warm.modules
                  and importlib.util.find_spec(m.split(".")[0])), None)
     if name is None:
         pytest.skip(f"every candidate module is already in the warm pool: {CANDIDATES}")
+    return name
+
+
+def test_the_pool_is_reused_and_imports_what_labs_imported():
+    probe()
+    first = pool.current()
+    first.sync()
+    name = not_warm_yet(first)
     res = probe("--import", name)
     assert pool.current() is first and first.alive()
     first.sync()
@@ -229,14 +236,10 @@ def wait_gone(p, within: float) -> float:
 
 
 def test_an_idle_pool_leaves_and_the_next_lab_restarts_it_as_warm(short_idle):
-    import importlib.util
     assert probe().launcher == "pool"
     first = pool.current()
     first.sync()
-    name = next((m for m in CANDIDATES if m not in first.modules
-                 and importlib.util.find_spec(m.split(".")[0])), None)
-    if name is None:
-        pytest.skip(f"every candidate module is already in the warm pool: {CANDIDATES}")
+    name = not_warm_yet(first)
     first.preload([name])                             # asked for, as after a transformers lab
     first.sync()
     waited = wait_gone(first, within=short_idle + 60)

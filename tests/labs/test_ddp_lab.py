@@ -314,3 +314,18 @@ def test_bench_refuses_too_few_steps(capsys):
     with pytest.raises(SystemExit):
         main(["--steps", "3"])
     assert "argument --steps: 3 is too few" in capsys.readouterr().err
+
+
+@pytest.mark.multirank
+def test_straggler_sleep_in_steps_scales_with_the_machine():
+    """--sleep-steps 2: rank 1 sleeps twice the warm-up's healthy step, whatever that step is
+    on this machine, so every rank's slow step holds at least ~2 healthy steps."""
+    r = lab("--part", "straggler", "--sleep-steps", "2", "--steps", "3")[0]
+    assert r["sleep_steps"] == 2
+    base = statistics.median(r["base_s"])
+    # the warm-up's median (the slowest rank's) is no shorter than a timed step's minimum
+    # unless the machine got much busier between them; 0.5 allows for that
+    assert r["sleep"] > 0.5 * 2 * base, (r["sleep"], base)
+    for b, slow in zip(r["base_s"], r["slow_s"]):
+        assert slow > b and slow >= 0.5 * r["sleep"]
+    assert r["step_time_increase"] > 0.5

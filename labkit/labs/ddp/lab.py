@@ -255,6 +255,11 @@ def parse_args(argv=None):
                    help="flags: micro-batches per optimizer step for no_sync (default 4)")
     p.add_argument("--sleep", type=between(0, 3600, "a number of seconds"), default=0.05,
                    help="straggler: seconds the slow rank sleeps per step (default 0.05)")
+    p.add_argument("--sleep-steps", type=between(0.01, 1000, "a number of healthy steps"),
+                   default=None,
+                   help="straggler: sleep this many healthy steps instead (the warm-up's median "
+                        "step of the slowest rank), so the straggler shows however busy the "
+                        "machine is")
     p.add_argument("--slow-rank", type=int, default=1, help="straggler: the slow rank (default 1)")
     p.add_argument("--samples", type=positive_int, default=10,
                    help="sampler: dataset length (default 10)")

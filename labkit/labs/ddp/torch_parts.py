@@ -2,7 +2,7 @@
 own DistributedDataParallel and DistributedSampler; the model, data and step are labkit.labs.ddp's.
 
     torchrun --nproc-per-node 4 -m labkit.labs.ddp --part flags --caps 0.25,1,25
-    labkit run ddp -n 2 -- --part straggler --sleep 0.05
+    labkit run ddp -n 2 -- --part straggler --sleep 0.05     # or --sleep-steps 2
     labkit run ddp -n 4 -- --part sampler --samples 10
 
 labkit.labs.ddp.lab calls run_flags, run_straggler, run_sampler (args, ctx) and their print_*.
@@ -33,7 +33,9 @@ def trial(args, ctx, module, *, micro: int = 1, no_sync: bool = False, wrapper=N
     """Train `module` under torch DDP (or `wrapper(module)`, a reference DDP): WARMUP steps, one
     counted, args.steps timed. Each optimizer step runs `micro` backward passes (no_sync():
     all but the last inside it). sleep_rank sleeps args.sleep before every other timed
-    step's backward (reported apart as slow_s)."""
+    step's backward (reported apart as slow_s); with args.sleep_steps set, it sleeps that many
+    healthy steps instead (the warm-up's median step, the slowest rank's), so the straggler
+    shows on any machine however busy (reported as out["sleep"])."""
     model = torch_ddp(module, **ddp_kwargs) if wrapper is None else wrapper(module)
     sync = getattr(model, "finish_gradient_synchronization", None)
     buffers: list = []
@@ -46,11 +48,14 @@ def trial(args, ctx, module, *, micro: int = 1, no_sync: bool = False, wrapper=N
         model.register_comm_hook(None, keep_buffer)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     out: dict = {}
-    times, slow = [], []
+    times, slow, warm = [], [], []
+    sleep = args.sleep
     counted = measure.CollectiveCounter()
     for step in range(WARMUP + 1 + (2 if sleep_rank is not None else 1) * args.steps):
         buffers.clear()
         sleeping = sleep_rank is not None and step > WARMUP and (step - WARMUP) % 2 == 0
+        if sleep_rank is not None and step == WARMUP and getattr(args, "sleep_steps", None):
+            sleep = args.sleep_steps * slowest(ctx, median(warm))
         barrier(ctx)
         t = time.perf_counter()
         with counted if step == WARMUP else contextlib.nullcontext():
@@ -60,7 +65,7 @@ def trial(args, ctx, module, *, micro: int = 1, no_sync: bool = False, wrapper=N
                 with model.no_sync() if quiet else contextlib.nullcontext():
                     loss = model(ids) / micro
                     if sleeping and ctx.rank == sleep_rank:
-                        time.sleep(args.sleep)
+                        time.sleep(sleep)
                     loss.backward()
                     if sync is not None:
                         sync()
@@ -75,14 +80,24 @@ def trial(args, ctx, module, *, micro: int = 1, no_sync: bool = False, wrapper=N
         synchronize(ctx.device)
         if step > WARMUP:
             (slow if sleeping else times).append(time.perf_counter() - t)
+        elif step < WARMUP:
+            warm.append(time.perf_counter() - t)
     by_kind = counted.by_kind
     calls, nbytes = by_kind.pop("all_reduce", (0, 0))
     out.update(calls=calls, bytes=nbytes, other=by_kind, step_s=median(times), times=times)
     if sleep_rank is not None:
-        out.update(slow_s=median(slow), slow_times=slow)
+        out.update(slow_s=median(slow), slow_times=slow, sleep=sleep)
     if wrapper is None:
         out["buckets"] = torch_buckets(model)
     return out
+
+
+def slowest(ctx, seconds: float) -> float:
+    """The largest of every rank's `seconds` (all ranks call it)."""
+    t = torch.tensor([seconds], dtype=torch.float64, device=ctx.device)
+    if ctx.world_size > 1:
+        tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
+    return t.item()
 
 
 def interleaved(args, ctx, settings: dict, rounds: int = TIMING_ROUNDS) -> dict:
@@ -275,10 +290,11 @@ def run_straggler(args, ctx) -> dict:
     base = [b for b, _ in every]
     slow = [s for _, s in every]
     t_base, t_slow = median(base), median(slow)
-    work = [b + (args.sleep if rank == args.slow_rank else 0.0) for rank, b in enumerate(base)]
+    work = [b + (r["sleep"] if rank == args.slow_rank else 0.0) for rank, b in enumerate(base)]
     predicted = straggler(work, baseline=t_base)
     increase = t_slow / t_base - 1
-    return dict(part="straggler", rank=ctx.rank, world_size=ctx.world_size, sleep=args.sleep,
+    return dict(part="straggler", rank=ctx.rank, world_size=ctx.world_size, sleep=r["sleep"],
+                sleep_steps=args.sleep_steps,
                 slow_rank=args.slow_rank, steps=args.steps, base_s=base, slow_s=slow,
                 my_base_times=r["times"], my_slow_times=r["slow_times"],
                 predicted_slow_s=predicted.step_time,
@@ -288,8 +304,9 @@ def run_straggler(args, ctx) -> dict:
 
 
 def print_straggler(r: dict) -> None:
-    print(f"torch DDP, {r['world_size']} ranks; rank {r['slow_rank']} sleeps {r['sleep']:g} s "
-          f"per step in alternate steps (median of {r['steps']} each)")
+    asked = (f" ({r['sleep_steps']:g} healthy warm-up steps)" if r.get("sleep_steps") else "")
+    print(f"torch DDP, {r['world_size']} ranks; rank {r['slow_rank']} sleeps {r['sleep']:.3g} s"
+          f"{asked} per step in alternate steps (shortest of {r['steps']} each)")
     print(f"{'rank':<6}{'base ms':>9}{'slow ms':>9}{'predicted':>11}{'ratio':>7}")
     for rank, (b, s, q) in enumerate(zip(r["base_s"], r["slow_s"], r["ratio"])):
         print(f"{rank:<6}{1e3 * b:>9.1f}{1e3 * s:>9.1f}{1e3 * r['predicted_slow_s']:>11.1f}"

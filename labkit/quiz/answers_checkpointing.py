@@ -3,9 +3,10 @@
 Sizes from `labkit.resilience.checkpoint_bytes` (training: fp32 weights + AdamW's two moments,
 12 B/param; export: bf16 weights, 2 B/param), write times from `write_seconds`, failures from
 `failures_per_day` / `job_mtbf` (G GPUs at r per GPU per day fail G r times a day), intervals
-from `young_daly_interval` (Young 1974: sqrt(2 delta M); Daly 2006: minus delta) and the time
-lost from `overhead` (delta / tau + tau / (2 M) + R / M). Failure rates are given in % per GPU
-per day in the questions (0.01 % = 1e-4) and converted here.
+from `young_daly_interval` (Young 1974: sqrt(2 delta M); Daly 2006: sqrt(2 delta M)
+[1 + sqrt(x)/3 + x/9] - delta with x = delta / 2M, while delta < 2M) and the time lost from
+`overhead` (delta / tau + tau / (2 M) + R / M). Failure rates are given in % per GPU per day in
+the questions (0.01 % = 1e-4) and converted here.
 """
 from __future__ import annotations
 
@@ -64,11 +65,14 @@ def young_minutes(model, gpus, rate_pct, bandwidth_gbs):
 
 
 def daly_minutes(model, gpus, rate_pct, bandwidth_gbs):
-    """Daly's second-order interval sqrt(2 delta M) - delta, in minutes."""
+    """Daly's higher-order interval in minutes: sqrt(2 delta M) [1 + sqrt(x)/3 + x/9] - delta,
+    x = delta / 2M (delta < 2M in every draw; M from there on)."""
     size, d, m, tau = _interval(model, gpus, rate_pct, bandwidth_gbs, order=2)
     young = young_daly_interval(m, d)
+    x = d / (2 * m)
     return {"answer": tau / MINUTE, "young_min": young / MINUTE, "write_s": d,
-            "mtbf_h": m / HOUR}
+            "mtbf_h": m / HOUR, "x": x, "factor": 1 + x ** 0.5 / 3 + x / 9,
+            "minus_min": (young - d) / MINUTE}
 
 
 def overhead_pct(model, gpus, rate_pct, bandwidth_gbs, restart_min=0):

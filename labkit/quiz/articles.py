@@ -2,6 +2,11 @@
 names one by its key here), cited as a learner can find them: by title and author.
 
     cite("tummala-module-3")    # "Gopi Krishna Tummala's article on distributed training ..."
+    claim_attempt(get("hw-nvlink-bidirectional-seed"))   # drawn at the claim's own link
+
+A question draws its parameters afresh; where an article's claim states some of them (H100's
+NVLink 4, 2 interleaved chunks), `CLAIM_PARAMS` holds them, so the answer printed beside the
+claim is the answer to the claim's own case.
 """
 from __future__ import annotations
 
@@ -18,6 +23,44 @@ ARTICLES = {
                          "and Pipeline Parallel Compared\u201d on the DadOps blog",
     "engineersofai-strategies": "\u201cDistributed Training Strategies\u201d by EngineersOfAI",
 }
+
+# question id -> the parameters its article claim states (the rest are the claim's whatever
+# they are drawn as: the claim is general, or every value of the list is one it quotes)
+CLAIM_PARAMS = {
+    "hw-network-port-gbps": {"link": "ib-ndr"},           # "400 GB/s": NDR's 400 Gb/s
+    "hw-nvlink-bidirectional-seed": {"link": "nvlink4"},  # "on H100 NVLink 4.0"
+    "hw-nvlink-vs-ib-seed": {"fast": "nvlink4", "slow": "ib-hdr"},   # H100 vs HDR
+    "mem-model-states-unsharded": {"precision": "fp16-mixed"},       # "params(fp16)"
+    "pp-interleaving-cost": {"chunks": 2},                # "halves the bubble"
+    "pp-naive-utilisation": {"stages": 8},                # "8 GPUs: only 1/8"
+    "zero-pipeline-deepspeed-seed": {"stage": 3},         # "stage: 3"
+}
+
+
+def claim_params(question) -> dict:
+    """The parameters of `question` at its article claim: its seed-0 draw, with the values the
+    claim states (`CLAIM_PARAMS`) put in; ValueError for a value the question cannot draw."""
+    return _claim_draw(question)[0]
+
+
+def _claim_draw(question):
+    params, rng = question._draw(0)       # the seed-0 generator: options in seed 0's order
+    for name, value in CLAIM_PARAMS.get(question.id, {}).items():
+        if value not in question.params.get(name, ()):
+            raise ValueError(f"{question.id}: the claim's {name}={value!r} is not one the "
+                             f"question draws; allowed: {question.params.get(name, [])}")
+        params[name] = value
+    return params, rng
+
+
+def claim_attempt(question):
+    """An attempt of `question` (which carries an article_claim) at the claim's own parameters,
+    so its expected answer is the one to set beside the claim."""
+    from labkit.quiz.bank import Attempt            # bank imports this module
+    if not question.article_claim:
+        raise ValueError(f"{question.id} carries no article claim; allowed: a question with one")
+    params, rng = _claim_draw(question)
+    return Attempt(question, params, rng, 0)
 
 
 def cite(key: str) -> str:

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from labkit import design
+from labkit import design, resilience
 from labkit.hardware import GPUS, LINKS
 from labkit.models import get_model
 from labkit.planner import evaluate
@@ -74,6 +74,26 @@ def test_checkpoints_and_failures_closed_form(run70):
     assert run70.overhead == pytest.approx(math.sqrt(2 * write / mtbf), rel=1e-9)  # Young's optimum
     assert run70.expected_failures == pytest.approx(512 * 1e-4 * 30, rel=1e-12)
     assert run70.goodput_tokens == pytest.approx(run70.tokens * (1 - run70.overhead), rel=1e-12)
+
+
+def test_at_llama3s_measured_rate(run70):
+    """The scenario's 0.01 %/GPU/day beside Llama 3's measured 419 / (54 x 16,384) = 0.047 %:
+    the same run re-worked equals a fresh design at that rate, in closed form."""
+    rate = 419 / (54 * 16_384)
+    at = run70.at_failure_rate(resilience.LLAMA3_FAILURE_RATE)
+    fresh = design.pretraining_run("llama3-70b", gpus=512, gpu="h100-sxm", days=30,
+                                   daily_failure_rate=resilience.LLAMA3_FAILURE_RATE)
+    mtbf = 86_400 / (512 * rate)
+    for got in (at, fresh):
+        assert got.mtbf == pytest.approx(mtbf, rel=1e-12)                    # 99 h, not 469
+        assert got.interval == pytest.approx(math.sqrt(2 * run70.write_seconds * mtbf))
+        assert got.overhead == pytest.approx(math.sqrt(2 * run70.write_seconds / mtbf))
+        assert got.expected_failures == pytest.approx(512 * rate * 30)       # 7.3, not 1.5
+        assert got.tokens == run70.tokens and got.layout == run70.layout
+    assert (at.mtbf, at.interval, at.overhead) == pytest.approx(
+        (fresh.mtbf, fresh.interval, fresh.overhead), rel=1e-12)
+    assert run70.inputs["daily_failure_rate"] == design.SCENARIO_FAILURE_RATE == 1e-4
+    assert "0.047%/GPU/day" in at.summary() and "0.010%/GPU/day" in run70.summary()
 
 
 def test_summary_shows_each_number_with_its_unit(run70):

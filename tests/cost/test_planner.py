@@ -1,7 +1,7 @@
 """labkit.planner: published layouts priced, feasibility with reasons, ranking, bad input.
 
-Published runs (each layout evaluated as reported; the predicted throughput must be within
-FACTOR of the reported one):
+Published runs (each layout evaluated as reported, except Llama 3's recompute; the predicted
+throughput must be within FACTOR of the reported one):
 - Narayanan et al. 2021 (Megatron-LM, SC21; A100 80GB, 8 HDR InfiniBand ports per DGX node,
   sequence 2,048, full activation recomputation; their TFLOP/s come from their eq. 3, which
   counts the recomputed forward, so they are compared with `hardware_tflops_per_gpu`):
@@ -10,21 +10,27 @@ FACTOR of the reported one):
   1008.0B at t=8, p=64 on 3,072 GPUs, batch 3,072, 163 TFLOP/s (Table 1 does not print the
   micro-batch: 1 assumed, the size its Table 2 uses). (The issue's "GPT-3 175B at t=8, p=16 on
   1,536 A100s" is not a row of Table 1: its t=8, p=16 row is the 310.1B model on 1,920 GPUs.)
-- Dubey et al. 2024 (Llama 3), Table 4: 405B on 16,384 H100s, TP 8, CP 1, PP 16, DP 128,
-  sequence 8,192, 16M tokens per batch (2,048 sequences, 16 per DP rank), 400 TFLOP/s per GPU,
-  41 % BF16 MFU (model FLOPs: compared with `model_tflops_per_gpu`). FSDP on the data axis,
-  400 Gb/s per GPU (ib-ndr). Not reported, assumed: micro-batch 1, interleaved 1F1B with 2
-  chunks per stage (the paper tunes an interleaved schedule), full recomputation (without it
-  labkit's activation model puts stage 0, which holds 16 micro-batches of 8,192 tokens, over
-  80 GB).
+- "The Llama 3 Herd of Models" (Dubey et al. 2024), §3.3.2 and Table 4: 405B pre-trained at
+  sequence 8,192 with TP 8, CP 1, PP 16 and DP 64 / 128 on 8,192 / 16,384 H100s, 16M tokens per
+  batch (2,048 sequences, 16 per DP rank at DP 128), 400 TFLOP/s per GPU at DP 128, 41 % BF16
+  MFU (model FLOPs: compared with `model_tflops_per_gpu`), WITHOUT activation checkpointing,
+  FSDP that does not reshard after the forward, interleaved stages (the first chunk of the
+  first stage holds only the embedding, the last chunk of the last stage only the output
+  projection and loss); 400 Gb/s per GPU (ib-ndr). labkit cannot represent that run (a known
+  limit of its model, not a fact about the run): it counts transformers' LlamaForCausalLM
+  activations (fp32 RMSNorm copies, four unfused SwiGLU tensors), not a production run's fused
+  kernels, and puts the no-recompute layout's stage 0 (16 micro-batches of 8,192 tokens in
+  flight) at about 101 GB per GPU (test_llama3_405b_as_run_is_over_80_gb_in_labkit). So the
+  row here is the paper's degrees with full recompute, labkit's fit, named as such; micro-batch
+  1 and 2 chunks per stage are assumed.
 - BigScience 2022 (BLOOM-176B; bigscience train/tr11-176B-ml README): 384 A100 80GB, TP 4,
   PP 12, DP 8, ZeRO-1, micro-batch 2, global batch 2,048, sequence 2,048, "about 150 TFLOPs"
   per GPU (Megatron-DeepSpeed's count, with recomputation); 4 Omni-Path 100 Gb/s links per
   node of 8 GPUs.
 FACTOR = 2: one assumed matmul efficiency (mfu = 0.5) for A100 and H100 runs four years apart,
 schedules and overlaps the papers do not fully report, and an alpha-beta network model with no
-congestion. Measured ratios (predicted / reported): GPT-3 0.90, 310B 0.84, 1T 0.79, Llama 3
-0.56, BLOOM 0.86.
+congestion. Measured ratios (predicted / reported): GPT-3 0.90, 310B 0.84, 1T 0.79, Llama 3's
+degrees with full recompute 0.56, BLOOM 0.86.
 """
 from __future__ import annotations
 
@@ -42,6 +48,15 @@ FACTOR = 2.0
 OMNI_PATH = Link("Omni-Path, 4 x 100 Gb/s per node of 8 GPUs", 4 * 100e9 / 8 / 8,
                  2 * 4 * 100e9 / 8 / 8, "4 x 100 Gb/s per node", 2e-6, "inter-node")
 A100 = dict(gpu="a100-80gb", seq_len=2048)
+LLAMA3 = dict(gpu="h100-sxm", global_batch=2048, seq_len=8192)
+
+
+def llama3_degrees(recompute):
+    """Llama 3 405B's degrees at 16,384 GPUs (Table 4) as labkit lays them out."""
+    return Layout(tp=8, pp=16, dp=128, sharding="fsdp", chunks=2, sequence_parallel=True,
+                  recompute=recompute)
+
+
 PUBLISHED = {
     "megatron gpt-3 175b": ("gpt3-175b", Layout(tp=8, pp=12, dp=16, recompute="full"),
                             dict(A100, global_batch=1536), 141, "hardware"),
@@ -49,9 +64,9 @@ PUBLISHED = {
                       dict(A100, global_batch=2160), 155, "hardware"),
     "megatron 1t": ("megatron-1t", Layout(tp=8, pp=64, dp=6, recompute="full"),
                     dict(A100, global_batch=3072), 163, "hardware"),
-    "llama 3 405b": ("llama3-405b", Layout(tp=8, pp=16, dp=128, sharding="fsdp", chunks=2,
-                                           sequence_parallel=True, recompute="full"),
-                     dict(gpu="h100-sxm", global_batch=2048, seq_len=8192), 400, "model"),
+    # the paper's degrees; the run used no recompute, which labkit cannot fit (docstring)
+    "llama 3 405b degrees, full recompute": (
+        "llama3-405b", llama3_degrees(recompute="full"), LLAMA3, 400, "model"),
     "bloom 176b": (BLOOM_176B, Layout(tp=4, pp=12, dp=8, sharding="zero1", micro_batch=2,
                                       recompute="full"),
                    dict(A100, global_batch=2048, inter_link=OMNI_PATH), 150, "hardware"),
@@ -69,12 +84,23 @@ def test_published_layouts_fit_and_match_reported_throughput(name):
     assert "NVLink" in e.links["tp"] and "NVLink" not in e.links["pp"]
 
 
-def test_llama3_405b_on_16k_gpus_reaches_its_reported_layout_family():
+def test_llama3_405b_as_run_is_over_80_gb_in_labkit():
+    """The known limit: the paper's degrees without recompute, as it ran, do not fit in labkit
+    (nor with selective recompute, which drops nothing under SDPA); a later change that makes
+    the run representable must update this test, the docstring and lesson 08."""
+    for recompute in ("none", "selective"):
+        e = evaluate("llama3-405b", llama3_degrees(recompute), **LLAMA3)
+        assert not e.fits and 100e9 < e.memory < 103e9, (recompute, e.memory)
+    assert evaluate("llama3-405b", llama3_degrees("full"), **LLAMA3).fits
+
+
+def test_llama3_405b_on_16k_gpus_reaches_its_reported_degrees():
     # How fast the planner searches is `labkit bench planner`'s figure (a target there, not a
     # timed test: a loaded machine made this fail, issue 28 item 14).
     p = plan("llama3-405b", 16384, gpu="h100-sxm", global_batch=2048, seq_len=8192)
     best = p.best.layout
     assert best.tp == 8 and best.pp > 1            # TP fills the node, PP across nodes
+    # the paper's degrees, in the layouts labkit fits (with recompute: see the docstring)
     reported = [e for e in p.ranked if (e.layout.tp, e.layout.pp, e.layout.dp, e.layout.cp)
                 == (8, 16, 128, 1)]
     assert reported and p.best.step_time <= min(e.step_time for e in reported)

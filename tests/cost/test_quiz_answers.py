@@ -2,8 +2,9 @@
 against closed forms from the primary sources written out here, independently of the cost
 models they call: Megatron-LM's 4 all-reduces per layer (Shoeybi et al. 2019), Korthikanti et
 al. 2022's activation bytes, the pipeline bubble (p-1)/(m+p-1) and (p-1)/(v m) (Narayanan et al.
-2021), Megatron-LM's rank order, Young's sqrt(2 delta M) (1974), 6N + 12 L q s FLOPs per token
-(Kaplan et al. 2020, PaLM), and Chinchilla's 20 tokens per parameter. Then every question of
+2021), Megatron-LM's rank order, Young's sqrt(2 delta M) (1974) and Daly's higher-order interval
+(2006), 6N (Kaplan et al. 2020) + 12 L q s (PaLM, Appendix B) FLOPs per token, and Chinchilla's
+20 tokens per parameter. Then every question of
 these five files is run for every combination of its parameters: each choice question's
 verify holds, each answer is a finite number, each explanation renders.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 from fractions import Fraction
 import itertools
 import math
+import random
 from pathlib import Path
 
 import pytest
@@ -24,7 +26,7 @@ from labkit.quiz import answers_mfu as mf
 from labkit.quiz import answers_pp as pp
 from labkit.quiz import answers_threed as td
 from labkit.quiz import answers_tp as tp
-from labkit.quiz.bank import load_bank
+from labkit.quiz.bank import Attempt, load_bank
 
 DATA = Path(tp.__file__).resolve().parent / "data"
 FILES = ("tp.yaml", "pp.yaml", "threed.yaml", "checkpointing.yaml", "mfu.yaml")
@@ -183,12 +185,32 @@ def test_young_and_daly(model, g, r, bw):
     delta = 12 * get_model(model).num_params() / (bw * 1e9)
     M = 86400 / (g * r / 100)
     assert close(ck.young_minutes(model, g, r, bw)["answer"], math.sqrt(2 * delta * M) / 60)
+    x = delta / (2 * M)
     assert close(ck.daly_minutes(model, g, r, bw)["answer"],
-                 (math.sqrt(2 * delta * M) - delta) / 60)
+                 (math.sqrt(2 * delta * M) * (1 + math.sqrt(x) / 3 + x / 9) - delta) / 60)
     R = 600
     want = math.sqrt(2 * delta / M) + R / M                           # at Young's optimum
     assert close(ck.overhead_pct(model, g, r, bw, restart_min=10)["answer"], 100 * want)
     assert ck.verify_young_scaling(g, 4)["holds"]
+
+
+def test_daly_question_grades_daly_right_on_every_draw():
+    """Daly (2006): sqrt(2 delta M) [1 + sqrt(x)/3 + x/9] - delta, x = delta / 2M, is accepted on
+    every draw; the question used to expect sqrt(2 delta M) - delta, 2 % or more off on 6 of
+    its 24 draws."""
+    q = next(q for q in _bank() if q.id == "ckpt-daly-interval")
+    combos = list(_combos(q))
+    assert len(combos) == 24
+    for p in combos:
+        delta = 12 * get_model(p["model"]).num_params() / (p["bandwidth_gbs"] * 1e9)
+        M = 86400 / (p["gpus"] * p["rate_pct"] / 100)
+        x = delta / (2 * M)
+        assert x < 1                                                   # Daly's delta < 2M
+        daly = (math.sqrt(2 * delta * M) * (1 + math.sqrt(x) / 3 + x / 9) - delta) / 60
+        assert Attempt(q, p, random.Random(0), 0).check(f"{daly!r} min").correct, (p, daly)
+    off = [p for p in combos if not math.isclose(
+        q.compute(p)["minus_min"], q.compute(p)["answer"], rel_tol=q.tolerance)]
+    assert len(off) == 6, off
 
 
 # ---- MFU and time ---------------------------------------------------------------------------

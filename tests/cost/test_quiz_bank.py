@@ -85,6 +85,72 @@ def test_no_quiz_text_names_seed_files_or_seed_articles():
         assert "seed" not in citation.lower() and ".txt" not in citation
 
 
+def test_each_claim_is_answered_at_its_own_parameters():
+    """Lesson 09 set "600 GB/s bidirectional on H100 NVLink 4.0" beside NVLink 5's 1,800 GB/s
+    (seed 0's draw); each claim is now answered at the parameters it states."""
+    from labkit.quiz.articles import CLAIM_PARAMS, claim_attempt, claim_params
+
+    claims = {q.id: claim_attempt(q) for q in BANK if q.article_claim}
+    assert set(CLAIM_PARAMS) <= set(claims)
+    for qid, a in claims.items():
+        assert CLAIM_PARAMS.get(qid, {}).items() <= a.params.items() == claim_params(
+            a.question).items(), qid
+        assert a.values == a.question.compute(a.params), qid
+    got = {qid: claims[qid].expected for qid in CLAIM_PARAMS}
+    assert got["hw-nvlink-bidirectional-seed"] == 2 * 450                  # NVLink 4, both ways
+    assert get("hw-nvlink-bidirectional-seed").draw(0).expected == 2 * 900  # what it printed
+    assert got["hw-nvlink-vs-ib-seed"] == 450 / 25 == 18                    # H100 vs HDR
+    assert got["hw-network-port-gbps"] == 400 / 8                           # NDR, in bytes
+    assert got["pp-naive-utilisation"] == 100 / 8                           # 8 GPUs: 1/8
+    assert got["mem-model-states-unsharded"] == 16 * claims[
+        "mem-model-states-unsharded"].params["params_b"]
+    assert claims["pp-interleaving-cost"].params["chunks"] == 2
+    assert claims["zero-pipeline-deepspeed-seed"].params["stage"] == 3
+    with pytest.raises(ValueError, match="carries no article claim"):
+        claim_attempt(get("zero-states-per-gpu"))
+
+
+def test_fourteen_h100s_for_a_round_70b_is_not_listed_as_wrong():
+    """ "Distributed Training Strategies": a 70B model needs "at least 14 H100s just for memory":
+    16 B x 70e9 / 80 GB = 14 exactly, right (lesson 01 says so); Llama 3 70B's 70.55B need 15.
+    (At 80 GiB, 85.9e9 B, both would be 14.)"""
+    q = get("mem-min-h100-llama3-70b")
+    a = q.draw(0)
+    assert q.article_claim is None and a.article_claim is None
+    assert a.values["round_ratio"] == 16 * 70e9 / 80e9 == 14
+    assert a.expected == 15 == math.ceil(a.values["ratio"])
+    assert "is right" in a.explanation and "14 H100s" in a.explanation
+    assert not any("14 H100" in (x.article_claim or {}).get("wrong", "") for x in BANK)
+    assert math.ceil(16 * 70.55e9 / (80 * 2**30)) == 14
+
+
+def test_lesson_09_prints_each_claim_beside_its_own_answer(capsys):
+    """Run lesson 09's claims cell: every printed answer is claim_attempt's."""
+    import json
+    from pathlib import Path
+
+    from labkit.hardware import LINKS
+    from labkit.quiz.articles import claim_attempt
+
+    nb = json.loads((Path(__file__).parents[2] / "notebooks/09_interview_prep.ipynb").read_text())
+    cell = next("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"
+                and "claim_attempt(q)" in "".join(c["source"]))
+    exec(cell, {"bank": BANK, "LINKS": LINKS})
+    printed = {}
+    for line in capsys.readouterr().out.splitlines():
+        m = re.match(r"\[[^]]+\] (\S+): .*; labkit(?: \((.*?)\))?: (.*)\.$", line)
+        if m:
+            printed[m.group(1)] = (m.group(2) or "", m.group(3))
+    claims = [q for q in BANK if q.article_claim]
+    assert set(printed) == {q.id for q in claims}
+    for q in claims:
+        a = claim_attempt(q)
+        right = f"{a.expected:.4g} {a.unit}" if a.kind == "numeric" else a.expected_text
+        at = ", ".join(f"{k}={v}" for k, v in a.params.items())
+        assert printed[q.id] == (at, right.rstrip(".")), q.id
+    assert printed["hw-nvlink-bidirectional-seed"] == ("link=nvlink4", "900 GB/s")
+
+
 # ---- every question ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("q", BANK, ids=[q.id for q in BANK])

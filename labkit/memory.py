@@ -41,7 +41,8 @@ def bytes_per_param(precision: str = "bf16-mixed", optimizer: str = "adamw",
 def activation_bytes_per_layer(seq_len, batch_size, hidden_size, num_heads, tp=1,
                                sequence_parallel=False, recompute="none", *,
                                implementation="megatron", attention=None, num_kv_heads=None,
-                               ffn_size=None, precision="bf16-mixed", dropout=None) -> float:
+                               ffn_size=None, precision="bf16-mixed", dropout=None,
+                               device=None, fused_dropout=None) -> float:
     """Activation bytes one transformer layer keeps for backward.
 
     Called with the shape only, Korthikanti et al. 2022's Table 2 (implementation="megatron",
@@ -58,7 +59,9 @@ def activation_bytes_per_layer(seq_len, batch_size, hidden_size, num_heads, tp=1
 
     implementation "hf-gpt2" / "hf-llama" with attention "eager" / "sdpa" (default "sdpa" for
     them), num_kv_heads (default num_heads), ffn_size (default 4h), precision and dropout count
-    what transformers' models keep instead: `labkit.activations` has the terms.
+    what transformers' models keep instead: `labkit.activations` has the terms. device "cuda"
+    (default) or "cpu" predicts what that device's kernels keep (on a CPU: dropout masks in
+    the activation dtype unless fused_dropout, and SDPA's math path when dropout is on).
     """
     s = validate.positive_int("seq_len", seq_len, validate.MAX_SEQ_LEN)
     b = validate.positive_int("batch_size", batch_size, validate.MAX_BATCH)
@@ -73,7 +76,8 @@ def activation_bytes_per_layer(seq_len, batch_size, hidden_size, num_heads, tp=1
     return sum(activations.layer_terms(
         implementation, attention, s=s, b=b, h=h, a=a, kv=kv, ffn=f,
         value_bytes=activation_value_bytes(precision), dropout=dropout, tp=t,
-        sequence_parallel=sequence_parallel, recompute=recompute).values())
+        sequence_parallel=sequence_parallel, recompute=recompute, device=device,
+        fused_dropout=fused_dropout).values())
 
 
 def activation_value_bytes(precision: str) -> int:
@@ -158,7 +162,7 @@ def estimate_memory(model, batch_size=1, seq_len=None, precision="bf16-mixed",
                     sequence_parallel=False, recompute="none", microbatches=1,
                     schedule="1f1b", implementation=None, attention=None,
                     dropout=None, grad_accum="param", offload="none",
-                    largest_layer=None) -> MemoryEstimate:
+                    largest_layer=None, device=None, fused_dropout=None) -> MemoryEstimate:
     """Training memory per GPU, reported for the worst pipeline stage.
 
     Model states (Rajbhandari et al. 2020, "ZeRO", §3.1 and Figure 1): mixed-precision Adam
@@ -195,6 +199,10 @@ def estimate_memory(model, batch_size=1, seq_len=None, precision="bf16-mixed",
         "hf-gpt2", Llama-style -> "hf-llama"). attention: "eager" (scores kept) or "sdpa"
         (fused, no scores); default "sdpa" for transformers, "eager" for Megatron (the paper's).
         dropout: default on for Megatron and GPT-2, off for Llama. `labkit.activations`.
+    device: whose kernels keep the activations, "cuda" (default: what a GPU run keeps) or "cpu"
+        (what a learner's CPU measures: torch's CPU dropout keeps its mask in the activation
+        dtype, and SDPA with dropout falls back to its math path, fp32 scores). fused_dropout:
+        F.dropout is the 1-byte-mask fused kernel (default: True on CUDA, False on a CPU).
     grad_accum: "param" (ZeRO's 16 B/param), "fp32" (Megatron's main_grad, 18) or "both"
         (16-bit + fp32 gradients, 20): `labkit.precision.gradient_bytes`.
     offload: "none", "optimizer" (ZeRO-Offload) or "params" (ZeRO-3 / FSDP2 CPU offload); the
@@ -236,7 +244,9 @@ def estimate_memory(model, batch_size=1, seq_len=None, precision="bf16-mixed",
             validate.divides("tp", tp, "seq_len / cp", s // cp)
         per_stage = stage_params(spec, tp, pp)
     implementation, attention, dropout = activations.resolve(implementation, attention, dropout,
-                                                             spec)
+                                                             spec, device)
+    kernels = dict(device=device, fused_dropout=fused_dropout)
+    mask = activations.mask_bytes(device, fused_dropout, activation_value_bytes(precision))
 
     stages = []
     for i, n in enumerate(per_stage):
@@ -245,7 +255,7 @@ def estimate_memory(model, batch_size=1, seq_len=None, precision="bf16-mixed",
         if spec is not None:
             act = _stage_activations(spec, i, pp, b, s, cp, tp, sequence_parallel, recompute,
                                      m, schedule, activation_value_bytes(precision),
-                                     (implementation, attention, dropout))
+                                     (implementation, attention, dropout), kernels)
         stages.append((states, act, host))
     totals = [sum(st.values()) + act for st, act, _ in stages]
     worst = max(range(pp), key=lambda i: totals[i])
@@ -256,7 +266,7 @@ def estimate_memory(model, batch_size=1, seq_len=None, precision="bf16-mixed",
                   pp=pp, cp=cp, sequence_parallel=sequence_parallel, recompute=recompute,
                   microbatches=m, schedule=schedule, implementation=implementation,
                   attention=attention, dropout=dropout, grad_accum=grad_accum, offload=offload,
-                  largest_layer=largest_layer)
+                  largest_layer=largest_layer, device=device or "cuda", mask_bytes=mask)
     explain = _explain(per_stage[worst], worst, pp, tp, dp, zero_stage, (w_bytes, g_bytes,
                        o_bytes), precision, optimizer, spec, inputs)
     explain.update(describe_placement(explain, grad_accum, offload, gathered, host))
@@ -274,20 +284,20 @@ def in_flight(stage: int, pp: int, microbatches: int, schedule: str = "1f1b") ->
 
 
 def _stage_activations(spec, i, pp, b, s, cp, tp, sp, recompute, m, schedule,
-                       value_bytes=2, impl=("megatron", "eager", True)) -> float:
+                       value_bytes=2, impl=("megatron", "eager", True), kernels=None) -> float:
     """Activation bytes of stage i: its layers x micro-batches in flight, plus what lies outside
     the layers (`labkit.activations.stage_extra_terms`: the embedding's dropout mask on the
     first stage, the final norm and the fp32 logits on the last; Korthikanti et al. 2022, §4.3).
-    `impl`: (implementation, attention, dropout).
+    `impl`: (implementation, attention, dropout); `kernels`: device and fused_dropout.
 
     Context parallelism gives this rank s/cp of each sequence's tokens (every s*b*h term
     divides by cp), whose queries still attend to all s keys (the a*s^2*b attention-core term
     divides by cp, not cp^2). With fp32 activations (value_bytes = 4) each stored value
-    doubles; the 1-byte dropout masks and the fp32 logits do not change."""
+    doubles; the 1-byte dropout masks (CUDA's) and the fp32 logits do not change."""
     implementation, attention, dropout = impl
     s_local = s // cp
     shape = dict(s=s_local, b=b, h=spec.hidden_size, value_bytes=value_bytes, dropout=dropout,
-                 tp=tp, sequence_parallel=sp)
+                 tp=tp, sequence_parallel=sp, **(kernels or {}))
     per_layer = sum(activations.layer_terms(
         implementation, attention, a=spec.num_heads, kv=spec.num_kv_heads, q=spec.q_size,
         ffn=spec.ffn_size, recompute=recompute, kv_len=s, **shape).values())
@@ -320,8 +330,9 @@ def _explain(n, worst, pp, tp, dp, zero_stage, bytes_, precision, optimizer, spe
                 "full": "full recompute"}[i["recompute"]]
         sp = ", sequence parallel" if i["sequence_parallel"] else ""
         width = ("fp32 values (4 B)" if i["precision"] == "fp32" else "16-bit values") + \
-            (", 1-byte masks" if i["dropout"] else "")
-        what = activations.describe(i["implementation"], i["attention"], i["dropout"])
+            (f", {i['mask_bytes']}-byte masks" if i["dropout"] else "")
+        what = activations.describe(i["implementation"], i["attention"], i["dropout"],
+                                    i["device"])
         out["activations"] = (f"{what}, {mode}{sp}, {width}: "
                               f"seq {i['seq_len']}/cp="
                               f"{i['cp']}, micro-batch {i['batch_size']}, "

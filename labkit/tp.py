@@ -139,8 +139,8 @@ def tp_cost(model, tp, link="nvlink4", gpu="h100-sxm", mfu=0.5, batch_size=1, se
       alpha-beta) on the link's per-direction bandwidth and latency: per layer
       4 x (2(t-1) alpha + 2(t-1)/t S / B).
     - compute: the layer's training FLOPs, 6 x params_per_layer x b s plus 3 x the forward
-      attention FLOPs 4 (a d_head) s x b s (`labkit.flops`, Kaplan et al. 2020 and PaLM's
-      Appendix B), split evenly over the t ranks, at peak x MFU (`labkit.hardware.GPUS`, dense).
+      attention FLOPs 4 (a d_head) s x b s (`labkit.flops`, PaLM's Appendix B;
+      Kaplan et al. 2020 count half), split evenly over the t ranks, at peak x MFU (`labkit.hardware.GPUS`, dense).
     - the ratio comm / compute is about 8 (t-1) h x bytes x peak x MFU / (B x 6 x 12 h^2) for a
       GPT layer: it grows with t - 1 and falls with the bandwidth B; it does not depend on b
       (both sides scale with b s) and falls a little with s (the attention FLOPs grow with s).

@@ -82,13 +82,18 @@ def run(args, ctx) -> dict:
                 "activations": saved.bytes}
     measured["model_states"] = measured["params"] + measured["grads"] + \
         measured["optimizer_states"]
+    # predicted for this device's kernels: on a CPU, SDPA with dropout runs its math path, and
+    # F.dropout keeps a mask in the dtype unless the fused kernel is swapped in (the default)
+    kernels = dict(device=ctx.device.type,
+                   fused_dropout=ctx.device.type == "cuda" or not args.cpu_dropout)
     est = estimate_memory(spec, batch_size=args.batch, seq_len=args.seq,
                           precision=args.precision, optimizer="adamw", recompute=args.recompute,
-                          implementation=impl, attention=attention)
+                          implementation=impl, attention=attention, **kernels)
     predicted = {k: getattr(est, k) for k in TERMS}
     return dict(
         rank=ctx.rank, world_size=ctx.world_size, device=str(ctx.device), model=args.model,
-        implementation=impl, attention=attention, kv_heads=spec.num_kv_heads,
+        implementation=impl, attention=attention, kernel=est.inputs["attention"],
+        kernels=kernels, kv_heads=spec.num_kv_heads,
         ffn=spec.ffn_size,
         precision=args.precision, recompute=args.recompute, activation=args.activation,
         cpu_dropout=args.cpu_dropout, num_params=n_params, num_param_tensors=len(list(
@@ -108,7 +113,9 @@ def print_table(r: dict) -> None:
           f"{r['num_params']:,} parameters; {r['precision']} + AdamW, "
           f"micro-batch {r['batch']} x {r['seq']} tokens, recompute {r['recompute']}, "
           f"{r['world_size']} rank(s), {r['device']}; activations predicted for "
-          f"implementation={r['implementation']!r}, attention={r['attention']!r}")
+          f"implementation={r['implementation']!r}, attention={r['attention']!r} (runs as "
+          f"{r['kernel']!r} on {r['kernels']['device']}; dropout "
+          f"{'fused, 1-byte masks' if r['kernels']['fused_dropout'] else 'masks in the dtype'})")
     print(f"{'term':<18}{'measured B':>14}{'predicted B':>14}{'ratio':>8}")
     for k in TERMS:
         print(f"{k:<18}{r['measured'][k]:>14,}{r['predicted'][k]:>14,.0f}{r['ratio'][k]:>8.3f}")
@@ -143,7 +150,8 @@ def main(argv: list[str] | None = None) -> None:
                    choices=["gelu_pytorch_tanh", "gelu_new", "gelu"],
                    help="MLP activation (default: GPT-2's tanh GELU as one kernel)")
     p.add_argument("--cpu-dropout", action="store_true",
-                   help="use torch's composite CPU dropout (mask in the activation dtype)")
+                   help="use torch's composite CPU dropout (mask in the activation dtype; the "
+                        "prediction follows)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
 

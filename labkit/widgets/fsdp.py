@@ -171,7 +171,7 @@ class CheckpointCalculator(Calculator):
         self.error = None
         rows = [("checkpoint size", f"{size / GB:,.1f} GB"), ("write time", fmt_time(t)),
                 ("job MTBF", f"{mtbf / 3600:,.2f} h ({mtbf / 86400:,.2f} days)"),
-                ("Young/Daly interval", f"{tau / 3600:,.3f} h"),
+                ("Young's interval", f"{tau / 3600:,.3f} h"),
                 ("time lost at it", f"{100 * lost:,.3f} %")]
         self.result.value = table_html(rows, header=["quantity", "value"])
         self.show_figure(png_bytes(overhead_curve(mtbf, t, title=c["model"].value)))

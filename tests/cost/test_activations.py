@@ -64,7 +64,7 @@ CASES = [(p, r) for p in DTYPES for r in ("none", "full")]
 
 
 @pytest.mark.parametrize("shape", LLAMA, ids=lambda x: "h{}a{}kv{}f{}s{}b{}".format(*x))
-@pytest.mark.parametrize("attention", activations.ATTENTIONS)
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])       # transformers' implementations
 def test_llama_layer_matches_measurement(shape, attention):
     h, a, kv, ffn, s, b = shape
     for precision, recompute in CASES:
@@ -152,8 +152,10 @@ def test_defaults_follow_the_model_and_transformers():
 @pytest.mark.parametrize("kw, match", [
     (dict(implementation="deepspeed"), "implementation='deepspeed' is not supported; allowed: "
                                        "'megatron', 'hf-gpt2', 'hf-llama'"),
-    (dict(attention="flash"), "attention='flash' is not supported; allowed: 'eager', 'sdpa'"),
-    (dict(dropout=True), "dropout=True with implementation='hf-llama'"),
+    (dict(attention="flash"), "attention='flash' is not supported; allowed: 'eager', 'sdpa', "
+                              "'sdpa-math'"),
+    (dict(device="tpu"), "device='tpu' is not supported; allowed: 'cuda', 'cpu'"),
+    (dict(device="cpu", fused_dropout="yes"), "fused_dropout='yes' is not supported"),
 ])
 def test_bad_choices_are_named(kw, match):
     with pytest.raises(ValueError, match=match):

@@ -4,10 +4,11 @@ instead; a builder for the JSON config; why DeepSpeed's pipeline engine takes on
 
     >>> deepspeed_config(3, offload_optimizer=True, offload_param=True)   # a dict, json.dumps it
     >>> key_rows()            # (key, stages, default, what it does, labkit, FSDP2) per key
+    >>> unset_value("overlap_comm", 3)   # what DeepSpeed's code uses when the key is left out
     >>> check_pipeline(2)     # ValueError quoting DeepSpeed's PipelineEngine
 
-Sources: DeepSpeed's configuration reference (`DEEPSPEED_DOCS`); torch 2.13's `fully_shard` and
-`FSDPModule` (the options are listed above `KEYS`). Pure data, no torch, no deepspeed import.
+Sources: DeepSpeed's docs (`DEEPSPEED_DOCS`) and, where they differ, its code (`DEEPSPEED_CODE`);
+torch 2.13's `fully_shard` and `FSDPModule` (above `KEYS`). Pure data, no torch or deepspeed.
 """
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from labkit import validate
 
 DEEPSPEED_DOCS = ("DeepSpeed, docs/_pages/config-json.md (https://www.deepspeed.ai/docs/"
                   "config-json/), github.com/deepspeedai/DeepSpeed")
+DEEPSPEED_CODE = ("DeepSpeed, deepspeed/runtime/zero/config.py (DeepSpeedZeroConfig: the "
+                  "overlap_comm_valid and offload_ratio_check validators, prefetch_bucket_size's "
+                  "Field) and offload_config.py")
 PIPELINE_SOURCE = "deepspeed/runtime/pipe/engine.py, PipelineEngine.__init__"
 PIPELINE_ASSERT = ('assert self.zero_optimization_stage() < ZeroStageEnum.gradients, '
                    '"ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"')
@@ -45,6 +49,8 @@ class Key:
     does: str         # what DeepSpeed does with it
     labkit: str       # what labkit.parallel.zero does ("not modelled: ..." when nothing)
     fsdp2: str        # the closest FSDP2 option
+    code_default: object = None   # DeepSpeed's code, where it differs from the docs: a value,
+                                  # or {stage: value}
 
 
 _S3 = (3,)
@@ -78,9 +84,11 @@ KEYS: tuple[Key, ...] = (
         "not modelled: one all-gather of the whole flat buffer per step",
         "no size option: each fully_shard unit's parameters are one all-gather"),
     Key("overlap_comm", _ALL, False,
-        "overlap gradient reduction with the backward (and, with offload, the GPU->CPU copy)",
+        "overlap gradient reduction with the backward (and, with offload, the GPU->CPU copy); "
+        "left out, DeepSpeed's code sets it to stage == 3 (overlap_comm_valid): on at stage 3",
         "not modelled: collectives are synchronous (module 03's OverlappedDDP shows how)",
-        "always on: collectives run on separate streams beside compute"),
+        "always on: collectives run on separate streams beside compute",
+        code_default={1: False, 2: False, 3: True}),
     Key("reduce_bucket_size", _ALL, 5e8,
         "elements reduced at a time (bounds the gradient bucket)",
         "not modelled: ShardedGradientOptimizer reduce-scatters all gradients as one bucket; "
@@ -100,10 +108,12 @@ KEYS: tuple[Key, ...] = (
         "not modelled: the local optimizer steps the whole shard (one Parameter)",
         "no equivalent: torch.optim steps the DTensor shards"),
     Key("stage3_prefetch_bucket_size", _S3, 5e8,
-        "size of the buffer that prefetches parameters before they are needed",
+        "elements of the buffer that prefetches parameters before they are needed (the docs say "
+        "5e8; the code's default, Field(pp_int(5e7)), is 10x smaller)",
         "not modelled: each module is all-gathered just before its forward and its backward",
         "the next unit's all-gather is prefetched by default; "
-        "FSDPModule.set_modules_to_forward_prefetch / set_modules_to_backward_prefetch for more"),
+        "FSDPModule.set_modules_to_forward_prefetch / set_modules_to_backward_prefetch for more",
+        code_default=5e7),
     Key("stage3_param_persistence_threshold", _S3, 1e5,
         "parameters smaller than this are not partitioned (kept whole on every rank)",
         "by type, not size: modules not in shard=(nn.Linear, nn.Embedding) stay replicated with "
@@ -135,8 +145,10 @@ KEYS: tuple[Key, ...] = (
         "page-locked host memory, for asynchronous full-bandwidth copies (default false before "
         "DeepSpeed changed it)",
         "not modelled", "CPUOffloadPolicy(pin_memory=True)"),
-    Key("offload_optimizer.ratio", _ALL, 1,
-        "share of the parameters whose optimizer step runs on the CPU",
+    Key("offload_optimizer.ratio", _S3, 1,
+        "share of the parameters whose optimizer step runs on the CPU; below 1 only at stage 3 "
+        "(offload_ratio_check: \"Partial offloading only supported for ZeRO Stage 3.\"); 1, "
+        "everything, at any stage with offload",
         "not modelled", "no equivalent (all or nothing)"),
     Key("offload_param.device", _S3, "cpu",
         "parameter shards in CPU memory ('cpu') or NVMe ('nvme'); stage 3 only",
@@ -154,10 +166,49 @@ KEYS: tuple[Key, ...] = (
 )
 
 
+def _value(v) -> str:
+    """5e8 for 500000000.0; anything else as str."""
+    if isinstance(v, float) and v >= 1e4 and v == int(v):
+        mantissa, exponent = f"{v:e}".split("e")
+        return f"{float(mantissa):g}e{int(exponent)}"
+    return str(v)
+
+
+def _default_text(k: Key) -> str:
+    if k.code_default is None:
+        return _value(k.default)
+    code = k.code_default
+    if isinstance(code, dict):
+        by_value: dict = {}
+        for stage, v in code.items():
+            by_value.setdefault(v, []).append(str(stage))
+        text = "; ".join(f"{_value(v)} at stage{'s' * (len(st) > 1)} {', '.join(st)}"
+                         for v, st in by_value.items())
+    else:
+        text = _value(code)
+    return f"docs: {_value(k.default)}; code: {text}"
+
+
 def key_rows() -> list[tuple]:
-    """The table, one row per key: (key, stages, default, does, labkit, FSDP2)."""
-    return [(k.key, ", ".join(str(s) for s in k.stages), k.default, k.does, k.labkit, k.fsdp2)
-            for k in KEYS]
+    """The table, one row per key: (key, stages, default, does, labkit, FSDP2); the default
+    column gives the docs' value and, where it differs, the code's."""
+    return [(k.key, ", ".join(str(s) for s in k.stages), _default_text(k), k.does, k.labkit,
+             k.fsdp2) for k in KEYS]
+
+
+def unset_value(key: str, stage):
+    """What DeepSpeed's code uses for `key` left out of a stage-`stage` config (DEEPSPEED_CODE
+    where it differs from the docs, else the documented default)."""
+    stage = _stage(stage)
+    found = {k.key: k for k in KEYS}.get(key)
+    if found is None or stage not in found.stages:
+        allowed = ", ".join(k.key for k in KEYS if stage in k.stages)
+        raise ValueError(f"key={validate.describe(key)} is not a ZeRO key of stage {stage}; "
+                         f"allowed: {allowed}")
+    code = found.code_default
+    if isinstance(code, dict):
+        return code[stage]
+    return found.default if code is None else code
 
 
 def _device(name: str, value) -> str | None:
@@ -186,7 +237,7 @@ def _elements(name: str, value) -> int:
 def deepspeed_config(stage, offload_optimizer=False, offload_param=False, *, precision="bf16",
                      micro_batch_size=1, gradient_accumulation_steps=1, overlap_comm=True,
                      contiguous_gradients=True, reduce_bucket_size=5e8,
-                     allgather_bucket_size=5e8, prefetch_bucket_size=5e8,
+                     allgather_bucket_size=5e8, prefetch_bucket_size=5e7,
                      param_persistence_threshold=1e5, pin_memory=True,
                      nvme_path="/local_nvme") -> dict:
     """A DeepSpeed config (a dict for json.dump) for ZeRO `stage` 0-3 with the keys of
@@ -194,7 +245,9 @@ def deepspeed_config(stage, offload_optimizer=False, offload_param=False, *, pre
     "nvme". Rules (DEEPSPEED_DOCS): optimizer offload needs stage >= 1 ("CPU offloading is
     available with ZeRO stage 1, 2, 3"), to NVMe stage 3 ("NVMe offloading is available only
     with ZeRO stage 3"); parameter offload needs stage 3 ("Available only with ZeRO stage 3").
-    Bucket sizes and the threshold are in elements, as DeepSpeed counts them."""
+    Bucket sizes and the threshold are in elements, as DeepSpeed counts them; the defaults are
+    what DeepSpeed's code uses when a key is left out (`unset_value`: prefetch 5e7, not the
+    docs' 5e8)."""
     stage = _stage(stage)
     validate.choice("precision", precision, PRECISIONS)
     opt = _device("offload_optimizer", offload_optimizer)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from labkit.comm import step_communication
-from labkit.fsdp import unit_shapes
+from labkit.fsdp import block_shapes, root_shapes, unit_shapes
 from labkit.models import get_model
 from labkit.scaling import (accumulation_communication, buckets, ddp_step_time, effective_batch,
                             sampler_num_samples, straggler, throughput_loss)
@@ -16,11 +16,38 @@ MiB = 2**20
 
 
 def bucket_count(model, bucket_cap_mb, grad_bytes=4):
-    """DDP buckets for a preset's gradients: ceil(G / C), C = bucket_cap_mb MiB."""
+    """DDP buckets for a preset's gradients: ceil(G / C), C = bucket_cap_mb MiB; beside it
+    what torch's own rule makes (`torch_rule_buckets`) and the largest gradient tensor."""
     n = get_model(model).num_params()
     G = n * grad_bytes
     k, full, last = buckets(G, bucket_cap_mb)
-    return {"answer": k, "params_m": n / 1e6, "grad_mib": G / MiB, "last_mib": last / MiB}
+    largest = max(math.prod(s) for s in ready_order(model)) * grad_bytes
+    return {"answer": k, "params_m": n / 1e6, "grad_mib": G / MiB, "last_mib": last / MiB,
+            "largest_mib": largest / MiB, "torch_buckets": torch_rule_buckets(model, bucket_cap_mb)}
+
+
+def ready_order(model) -> list[tuple]:
+    """A preset's parameter shapes in about the order the backward readies their gradients:
+    the head and final norm, the blocks last to first, then the embeddings."""
+    spec = get_model(model)
+    root = root_shapes(spec)
+    embeddings = [s for name, s in root if name.startswith("embed")]
+    block = [s for _, s in block_shapes(spec)][::-1]
+    return [s for name, s in root[::-1] if not name.startswith("embed")] + \
+        block * spec.num_layers + embeddings[::-1]
+
+
+def torch_rule_buckets(model, bucket_cap_mb) -> int:
+    """Buckets torch's own assignment (dist._compute_bucket_assignment_by_size) makes of a
+    preset's fp32 gradients in `ready_order`, every bucket capped at C: what torch 2.13 does once
+    bucket_cap_mb is given (its 1 MiB first bucket comes only with bucket_cap_mb=None). A
+    bucket closes at the tensor that fills it. Meta tensors: nothing is allocated."""
+    import torch
+    import torch.distributed as dist
+
+    tensors = [torch.empty(s, device="meta") for s in ready_order(model)]
+    indices, _ = dist._compute_bucket_assignment_by_size(tensors, [int(bucket_cap_mb * MiB)])
+    return len(indices)
 
 
 def ddp_gb_per_step(params_b, dp, grad_bytes):

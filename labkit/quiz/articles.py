@@ -2,7 +2,7 @@
 names one by its key here), cited as a learner can find them: by title and author.
 
     cite("tummala-module-3")    # "Gopi Krishna Tummala's article on distributed training ..."
-    claim_attempt(get("hw-nvlink-bidirectional-seed"))   # drawn at the claim's own link
+    labkit.quiz.bank.claim_attempt(get("hw-nvlink-bidirectional-seed"))   # drawn at the claim's own link
 
 A question draws its parameters afresh; where an article's claim states some of them (H100's
 NVLink 4, 2 interleaved chunks), `CLAIM_PARAMS` holds them, so the answer printed beside the
@@ -40,10 +40,10 @@ CLAIM_PARAMS = {
 def claim_params(question) -> dict:
     """The parameters of `question` at its article claim: its seed-0 draw, with the values the
     claim states (`CLAIM_PARAMS`) put in; ValueError for a value the question cannot draw."""
-    return _claim_draw(question)[0]
+    return claim_draw(question)[0]
 
 
-def _claim_draw(question):
+def claim_draw(question):
     params, rng = question._draw(0)       # the seed-0 generator: options in seed 0's order
     for name, value in CLAIM_PARAMS.get(question.id, {}).items():
         if value not in question.params.get(name, ()):
@@ -51,16 +51,6 @@ def _claim_draw(question):
                              f"question draws; allowed: {question.params.get(name, [])}")
         params[name] = value
     return params, rng
-
-
-def claim_attempt(question):
-    """An attempt of `question` (which carries an article_claim) at the claim's own parameters,
-    so its expected answer is the one to set beside the claim."""
-    from labkit.quiz.bank import Attempt            # bank imports this module
-    if not question.article_claim:
-        raise ValueError(f"{question.id} carries no article claim; allowed: a question with one")
-    params, rng = _claim_draw(question)
-    return Attempt(question, params, rng, 0)
 
 
 def cite(key: str) -> str:

@@ -20,6 +20,7 @@ import re
 
 import yaml
 
+from labkit.quiz import articles
 from labkit.quiz.articles import cite
 from labkit.quiz.schema import (DEFAULT_TOLERANCE, TOPICS, files as _files,
                                 resolve as _resolve, validate as _validate)
@@ -367,3 +368,12 @@ def score(results) -> Score:
     return Score(correct, len(results), dict(sorted(by_topic.items(), key=lambda kv: order[kv[0]])),
                  dict(sorted(by_level.items())),
                  100.0 * correct / len(results) if results else 0.0)
+
+
+def claim_attempt(question):
+    """An attempt of `question` (which carries an article_claim) at the claim's own parameters,
+    so its expected answer is the one to set beside the claim."""
+    if not question.article_claim:
+        raise ValueError(f"{question.id} carries no article claim; allowed: a question with one")
+    params, rng = articles.claim_draw(question)
+    return Attempt(question, params, rng, 0)

@@ -147,3 +147,26 @@ def test_fsdp2_options_named_exist_in_torch():
         assert name in inspect.signature(fsdp.CPUOffloadPolicy).parameters
     for name in ("param_dtype", "reduce_dtype"):
         assert name in inspect.signature(fsdp.MixedPrecisionPolicy).parameters
+
+
+def test_defaults_where_deepspeed_code_departs_from_its_docs():
+    """DeepSpeed's deepspeed/runtime/zero/config.py: overlap_comm left out becomes
+    `self.stage == ZeroStageEnum.weights` (overlap_comm_valid), though the docs say false;
+    prefetch_bucket_size is Field(pp_int(5e7)) while the docs say 5e8; offload_optimizer.ratio
+    < 1 asserts "Partial offloading only supported for ZeRO Stage 3." (offload_ratio_check)."""
+    from labkit.deepspeed import unset_value
+
+    assert ZERO_KEYS["overlap_comm"].default is False                     # the docs
+    assert [unset_value("overlap_comm", s) for s in (1, 2, 3)] == [False, False, True]
+    assert ZERO_KEYS["stage3_prefetch_bucket_size"].default == 5e8        # the docs
+    assert unset_value("stage3_prefetch_bucket_size", 3) == 5e7           # the code
+    assert deepspeed_config(3)["zero_optimization"]["stage3_prefetch_bucket_size"] == 5e7
+    assert unset_value("reduce_bucket_size", 2) == 5e8                    # docs = code
+    assert ZERO_KEYS["offload_optimizer.ratio"].stages == (3,)
+    shown = {row[0]: row[2] for row in key_rows()}
+    assert shown["overlap_comm"] == "docs: False; code: False at stages 1, 2; True at stage 3"
+    assert shown["stage3_prefetch_bucket_size"] == "docs: 5e8; code: 5e7"
+    assert shown["allgather_bucket_size"] == "5e8"
+    with pytest.raises(ValueError, match=r"^key='stage3_prefetch_bucket_size' is not a ZeRO key "
+                       r"of stage 2; allowed: .*overlap_comm"):
+        unset_value("stage3_prefetch_bucket_size", 2)

@@ -88,7 +88,8 @@ def test_no_quiz_text_names_seed_files_or_seed_articles():
 def test_each_claim_is_answered_at_its_own_parameters():
     """Lesson 09 set "600 GB/s bidirectional on H100 NVLink 4.0" beside NVLink 5's 1,800 GB/s
     (seed 0's draw); each claim is now answered at the parameters it states."""
-    from labkit.quiz.articles import CLAIM_PARAMS, claim_attempt, claim_params
+    from labkit.quiz.articles import CLAIM_PARAMS, claim_params
+    from labkit.quiz.bank import claim_attempt
 
     claims = {q.id: claim_attempt(q) for q in BANK if q.article_claim}
     assert set(CLAIM_PARAMS) <= set(claims)
@@ -130,7 +131,7 @@ def test_lesson_09_prints_each_claim_beside_its_own_answer(capsys):
     from pathlib import Path
 
     from labkit.hardware import LINKS
-    from labkit.quiz.articles import claim_attempt
+    from labkit.quiz.bank import claim_attempt
 
     nb = json.loads((Path(__file__).parents[2] / "notebooks/09_interview_prep.ipynb").read_text())
     cell = next("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"

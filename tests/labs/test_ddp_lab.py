@@ -329,3 +329,37 @@ def test_straggler_sleep_in_steps_scales_with_the_machine():
     for b, slow in zip(r["base_s"], r["slow_s"]):
         assert slow > b and slow >= 0.5 * r["sleep"]
     assert r["step_time_increase"] > 0.5
+
+
+# ---------------------------------------------------------------------------------------------
+# gradient_as_bucket_view's copies; torch's bucket rule (the quiz's ddp-bucket-count)
+
+@pytest.mark.multirank
+def test_flags_gradient_as_bucket_view_still_copies_in_under_set_to_none(flags):
+    """torch 2.13's DDP docstring (batched_grad_copy): under zero_grad(set_to_none=True), the
+    default, "gradient_as_bucket_view alone cannot avoid copies because the bucket view alias is
+    destroyed every iteration". Counted by storage over the T gradient tensors: the flag saves
+    the copy out, and the copy in only when zero_grad keeps the views."""
+    G, T = 4 * gpt2_params()[0], gpt2_params()[1]
+    off, on = flags[0]["gradient_as_bucket_view"]
+    kept = flags[0]["bucket_view_zeroed_in_place"]
+    assert (off["set_to_none"], on["set_to_none"], kept["set_to_none"]) == (True, True, False)
+    assert off["copies"] == {"in": T, "out": T} == off["predicted_copies"]
+    assert on["copies"] == {"in": T, "out": 0} == on["predicted_copies"]
+    assert kept["copies"] == {"in": 0, "out": 0} == kept["predicted_copies"]
+    assert kept["memory"] == on["memory"] == G and kept["bytes"] == G
+
+
+@pytest.mark.multirank
+def test_torch_rule_buckets_counts_what_torch_ddp_made(flags):
+    """labkit.quiz.answers_ddp.torch_rule_buckets (torch's assignment over meta tensors of the
+    lab's GPT-2, last layer first) gives the bucket count torch's reducer reports."""
+    from labkit.models import get_model
+    from labkit.quiz.answers_ddp import torch_rule_buckets
+
+    spec = get_model("debug-gpt2").with_(
+        num_layers=LAYERS, hidden_size=HIDDEN, num_heads=4, num_kv_heads=4,
+        ffn_size=4 * HIDDEN, vocab_size=1024, max_seq_len=64)
+    rows = flags[0]["bucket_cap_mb"]
+    assert [len(x["bucket_sizes"]) for x in rows] == [torch_rule_buckets(spec, x["value"])
+                                                      for x in rows] == [7, 2, 1]

@@ -29,13 +29,15 @@ TIMING_ROUNDS = 6          # interleaved steps per setting where a step-time rat
 
 
 def trial(args, ctx, module, *, micro: int = 1, no_sync: bool = False, wrapper=None,
-          capture: bool = False, sleep_rank: int | None = None, **ddp_kwargs) -> dict:
+          capture: bool = False, set_to_none: bool = True, sleep_rank: int | None = None,
+          **ddp_kwargs) -> dict:
     """Train `module` under torch DDP (or `wrapper(module)`, a reference DDP): WARMUP steps, one
     counted, args.steps timed. Each optimizer step runs `micro` backward passes (no_sync():
-    all but the last inside it). sleep_rank sleeps args.sleep before every other timed
-    step's backward (reported apart as slow_s); with args.sleep_steps set, it sleeps that many
-    healthy steps instead (the warm-up's median step, the slowest rank's), so the straggler
-    shows on any machine however busy (reported as out["sleep"])."""
+    all but the last inside it), then zero_grad(set_to_none). capture: the counted step's
+    gradient and bucket storages, and the copies between them (`copies`). sleep_rank sleeps
+    args.sleep before every other timed step's backward (reported apart as slow_s); with
+    args.sleep_steps set, it sleeps that many healthy steps instead (the warm-up's median step,
+    the slowest rank's), so the straggler shows on any machine however busy (out["sleep"])."""
     model = torch_ddp(module, **ddp_kwargs) if wrapper is None else wrapper(module)
     sync = getattr(model, "finish_gradient_synchronization", None)
     buffers: list = []
@@ -46,6 +48,10 @@ def trial(args, ctx, module, *, micro: int = 1, no_sync: bool = False, wrapper=N
             buffers.append(bucket.buffer())
             return allreduce_hook(state, bucket)
         model.register_comm_hook(None, keep_buffer)
+        accumulated: dict = {}     # each gradient's storage when autograd accumulated it
+        for p in trainable(model):
+            p.register_post_accumulate_grad_hook(
+                lambda p: accumulated.__setitem__(p, p.grad.untyped_storage().data_ptr()))
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     out: dict = {}
     times, slow, warm = [], [], []
@@ -75,8 +81,10 @@ def trial(args, ctx, module, *, micro: int = 1, no_sync: bool = False, wrapper=N
                 out["grads_and_buckets"] = (measure.storage_bytes(grads, seen)
                                             + measure.storage_bytes(buffers, seen))
                 out["grad_norm"] = torch.cat([g.reshape(-1) for g in grads]).norm().item()
+                if capture:
+                    out["copies"] = copies(accumulated.values(), grads, buffers)
             opt.step()
-            opt.zero_grad()
+            opt.zero_grad(set_to_none=set_to_none)
         synchronize(ctx.device)
         if step > WARMUP:
             (slow if sleeping else times).append(time.perf_counter() - t)
@@ -90,6 +98,15 @@ def trial(args, ctx, module, *, micro: int = 1, no_sync: bool = False, wrapper=N
     if wrapper is None:
         out["buckets"] = torch_buckets(model)
     return out
+
+
+def copies(accumulated, grads, buffers) -> dict:
+    """Gradient tensors copied into their bucket ("in": autograd wrote the gradient outside
+    every bucket, so the reducer copies it in) and out of it ("out": after the backward the
+    gradient still lies outside, so the reducer copied the average back), by storage."""
+    inside = {b.untyped_storage().data_ptr() for b in buffers}
+    return {"in": sum(ptr not in inside for ptr in accumulated),
+            "out": sum(g.untyped_storage().data_ptr() not in inside for g in grads)}
 
 
 def slowest(ctx, seconds: float) -> float:
@@ -167,11 +184,20 @@ def run_flags(args, ctx) -> dict:
             for cap in args.caps
             for r in [trial(args, ctx, fresh(), bucket_cap_mb=cap)]]
     if "gradient_as_bucket_view" in flags:
-        out["gradient_as_bucket_view"] = [
-            row(v, r, memory=r["grads_and_buckets"], predicted_memory=G if v else 2 * G,
-                memory_ratio=r["grads_and_buckets"] / (G if v else 2 * G))
-            for v in (False, True)
-            for r in [trial(args, ctx, fresh(), capture=True, gradient_as_bucket_view=v)]]
+        def view_row(v, set_to_none):
+            """Memory (2G without views, G with) and copies per step: T in unless the gradients
+            stay views from step to step (views, zero_grad(set_to_none=False)), T out
+            without views."""
+            r = trial(args, ctx, fresh(), capture=True, set_to_none=set_to_none,
+                      gradient_as_bucket_view=v)
+            return row(v, r, memory=r["grads_and_buckets"], predicted_memory=G if v else 2 * G,
+                       memory_ratio=r["grads_and_buckets"] / (G if v else 2 * G),
+                       set_to_none=set_to_none, copies=r["copies"],
+                       predicted_copies={"in": 0 if v and not set_to_none else T,
+                                         "out": 0 if v else T})
+        # the lab's default zero_grad(set_to_none=True), then views zeroed in place
+        out["gradient_as_bucket_view"] = [view_row(v, True) for v in (False, True)]
+        out["bucket_view_zeroed_in_place"] = view_row(True, False)
     if "find_unused_parameters" in flags:
         used = [row(v, r, predicted_bytes=G + (USED_MAP_BYTES * T if v else 0),
                     predicted_calls=len(r["buckets"]) + v)
@@ -255,12 +281,18 @@ def print_flags(r: dict) -> None:
             if "memory" in x:
                 print(f"{'':<37}gradients + buckets {x['memory']:,} B, predicted "
                       f"{x['predicted_memory']:,.0f} B, ratio {x['memory_ratio']:.3f}")
+                print_copies(x)
             if "broadcasts" in x:
                 print(f"{'':<37}buffers {x['buffer_bytes']:,} B: {x['broadcasts']} broadcast(s) "
                       f"of {x['broadcast_bytes']:,} B per forward, predicted "
                       f"{x['predicted_broadcasts']} of {x['predicted_broadcast_bytes']:,} B")
             if "unused_params" in x:
                 print(f"{'':<37}(a model with {x['unused_params']} unused parameters)")
+    if "bucket_view_zeroed_in_place" in r:
+        x = r["bucket_view_zeroed_in_place"]
+        print(f"gradient_as_bucket_view=True, zero_grad(set_to_none=False): gradients + buckets "
+              f"{x['memory']:,} B")
+        print_copies(x)
     if "find_unused_time" in r:
         t = r["find_unused_time"]
         print(f"find_unused_parameters=True / default, step time, {t['rounds']} interleaved steps "
@@ -268,6 +300,12 @@ def print_flags(r: dict) -> None:
               f"range {t['ratio_low']:.2f}-{t['ratio_high']:.2f}x")
     if "unused_error" in r:
         print(f"an unused parameter without find_unused_parameters: {r['unused_error']}")
+
+
+def print_copies(x: dict) -> None:
+    c, p = x["copies"], x["predicted_copies"]
+    print(f"{'':<37}gradient tensors copied into the buckets {c['in']} (predicted {p['in']}), "
+          f"out {c['out']} (predicted {p['out']})")
 
 
 # ---------------------------------------------------------------------------------------------

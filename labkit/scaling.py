@@ -142,8 +142,9 @@ def ddp_step_time(model, gpus, link="nvlink4", *, compute_seconds=None, flops=No
       ("ddp")`, the same prediction the labs measure). PyTorch DDP reduces them in buckets of
       `bucket_cap_mb` MiB (2^20 bytes; torch's `_MB_TO_BYTES = 1024 * 1024`): here
       k = ceil(G / C) buckets of C = bucket_size_mb x 2^20 bytes, the last one holding the
-      rest. (torch closes a bucket at a parameter boundary and makes its first one 1 MiB;
-      neither is modelled.)
+      rest. (torch closes a bucket at a parameter boundary, so a tensor larger than C fills
+      one alone, and with bucket_cap_mb=None makes its first one 1 MiB; neither is modelled:
+      `labkit.quiz.answers_ddp.torch_rule_buckets` counts torch's own rule.)
     - Each bucket is one ring all-reduce, `labkit.comm.collective_time("all_reduce", ...)` =
       2(N-1) alpha + 2(N-1)/N x bytes / B: the latency term 2(N-1) alpha is paid once per
       bucket, so small buckets cost more in all (Li et al. 2020, "PyTorch Distributed:

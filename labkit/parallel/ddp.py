@@ -272,7 +272,8 @@ class BucketedDDP(_HookedDDP):
     into the bucket's flat buffer and one async all-reduce sends them all. The few large
     messages cost memory (a flat buffer per bucket: one more copy of the gradients) and two
     copies per step (gradients in, averages out); torch's `gradient_as_bucket_view=True` makes
-    the gradients views of the buckets and saves both."""
+    the gradients views of the buckets: it saves that memory and the copy out, and the copy in
+    too only while the gradients are zeroed in place (zero_grad(set_to_none=False))."""
 
     def __init__(self, module, bucket_size_mb: float = 25.0):
         _bucket_bytes(bucket_size_mb)          # refuse a bad size before touching the group

@@ -22,7 +22,8 @@ class FloatFormat:
 
     IEEE 754 and the OCP 8-bit Floating Point specification, 2023 (which Transformer Engine and
     torch's float8_e4m3fn / float8_e5m2 follow): 1 sign bit, e exponent bits with bias B, m
-    mantissa bits. Every figure is computed from (e, m, B), none typed in:
+    stored mantissa bits (a normal number's leading 1 is implied: m + 1 significant bits; bf16
+    stores 7, 8 significant). Every figure is computed from (e, m, B), none typed in:
     - normal numbers (1 + f / 2^m) 2^(E - B) for exponent fields E = 1 .. E_max; subnormals
       (f / 2^m) 2^(1 - B) for E = 0;
     - IEEE-like formats (fp32, bf16, fp16, E5M2) reserve the all-ones exponent for inf and NaN,

@@ -1,7 +1,7 @@
 """DCP lab: torch.distributed.checkpoint on an FSDP2 model, one part at a time.
 
     labkit run dcp -n 4 -- --part save        # sharded save + load: files and bytes per rank
-    labkit run dcp -n 4 -- --part async       # dcp.async_save: what blocks, what goes on
+    labkit run dcp -n 4 -- --part async       # dcp.async_save: returns, then plans and writes
     labkit run dcp -n 4 -- --part reshard --ckpt-dir /tmp/r    # saves (no checkpoint there yet)
     labkit run dcp -n 2 -- --part reshard --ckpt-dir /tmp/r    # loads it on 2 ranks, compares
     labkit run dcp -n 4 -- --part export      # one consolidated file for a plain transformers model
@@ -16,11 +16,13 @@ import argparse
 import os
 import shutil
 import tempfile
+import threading
 import time
 
 import torch
 import torch.distributed as tdist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from labkit.labs.common import fsdp_lm as lm
@@ -30,6 +32,7 @@ from labkit.runtime import dist
 
 PARTS = ("save", "async", "reshard", "export")
 REFERENCE = "full_reference.pt"          # reshard: the full tensors the first launch saved
+HOLD_S = 20.0                            # async: the longest planning waits for the call's return
 
 
 def flat(state: dict, prefix: str = "") -> dict:
@@ -133,6 +136,32 @@ def any_done(done: bool) -> bool:
     return bool(flag.item())
 
 
+class WatchedPlanner(DefaultSavePlanner):
+    """DCP's default save planner, noting on which thread it ran and when (perf_counter) each
+    planning step did: set_up (before any of the save's collectives), global (rank 0, after the
+    plans' gather), agreed (after the scatter: this rank holds the agreed plan). set_up first
+    waits (at most HOLD_S) for `returned`, set by the caller once async_save returned: had
+    async_save waited for the plan, it could not have returned, and `held` would be False."""
+
+    def __init__(self, returned: threading.Event):
+        super().__init__()
+        self.returned, self.times, self.thread, self.held = returned, {}, None, None
+
+    def set_up_planner(self, state_dict, storage_meta=None, is_coordinator=False):
+        self.thread = threading.current_thread().name
+        self.held = self.returned.wait(HOLD_S)
+        self.times["set_up"] = time.perf_counter()     # planning goes on from here
+        super().set_up_planner(state_dict, storage_meta, is_coordinator)
+
+    def create_global_plan(self, all_plans):
+        self.times["global"] = time.perf_counter()
+        return super().create_global_plan(all_plans)
+
+    def finish_plan(self, new_plan):
+        self.times["agreed"] = time.perf_counter()
+        return super().finish_plan(new_plan)
+
+
 def part_async(args, ctx, where: str) -> dict:
     model, opt = trained(args, ctx)
     state = checkpoint.state_dict(model, opt)
@@ -145,11 +174,14 @@ def part_async(args, ctx, where: str) -> dict:
     t = time.perf_counter()
     dcp.save(state, checkpoint_id=os.path.join(where, "blocking"), process_group=group)
     blocking_s = time.perf_counter() - t
+    returned = threading.Event()
+    planner = WatchedPlanner(returned)
     tdist.barrier()
     t = time.perf_counter()
     future = dcp.async_save(state, checkpoint_id=os.path.join(where, "async"),
-                            process_group=group)
+                            process_group=group, planner=planner)
     returned_s = time.perf_counter() - t
+    returned.set()                                # planning may begin (it waited for this)
     future = getattr(future, "upload_completion", future)
     steps = 0
     while steps < args.max_steps and not any_done(future.done()):
@@ -160,8 +192,16 @@ def part_async(args, ctx, where: str) -> dict:
     after = local(checkpoint.state_dict(model, opt))
     reread = checkpoint.state_dict(model, opt)
     dcp.load(reread, checkpoint_id=os.path.join(where, "async"))
+    mine = {"returned_s": returned_s, "held": planner.held, "thread": planner.thread,
+            **{f"{k}_s": v - t for k, v in planner.times.items()}}
+    ranks = [None] * ctx.world_size
+    tdist.all_gather_object(ranks, mine)
     return {"world_size": ctx.world_size, "copy_s": copy_s, "blocking_s": blocking_s,
             "returned_s": returned_s, "done_s": done_s, "steps_while_writing": steps,
+            "plan_agreed_s": ranks[0]["agreed_s"], "planning": ranks,
+            "planned_after_return": all(r["held"] and r["agreed_s"] > r["returned_s"]
+                                        for r in ranks),
+            "planning_threads": sorted({r["thread"] for r in ranks}),
             "saved_is_state_at_call": same(local(reread), copy),
             "training_changed_it": steps == 0 or not same(after, copy)}
 
@@ -262,7 +302,8 @@ def main(argv: list[str] | None = None) -> None:
         result = globals()[f"part_{args.part}"](args, ctx, box[0])
         if ctx.rank == 0:
             dist.report(part=args.part, **result)
-            print({k: v for k, v in result.items() if k not in ("by_file",)}, flush=True)
+            print({k: v for k, v in result.items() if k not in ("by_file", "planning")},
+                  flush=True)
     finally:
         tdist.barrier()
         if temporary and ctx.rank == 0:

@@ -46,11 +46,41 @@ def labelled(message: str, labels: dict[str, str]) -> str:
 
 
 def table_html(rows, header=None) -> str:
-    """A small HTML table from rows of cells (strings or numbers)."""
+    """A small HTML table from rows of cells (strings or numbers) under an optional header of
+    labels. Refused with a ValueError: a row that is a string (the header passed first, as in
+    `table_html(["a", "b"], rows)`, renders one letter per cell), a header that is not a sequence
+    of labels (str or numbers), a row wider than the header. A shorter row ends in empty cells."""
+    signature = "the signature is table_html(rows, header=None)"
+    if isinstance(rows, (str, bytes)):
+        raise ValueError(f"table_html: rows is a string ({rows!r}); allowed: a list of rows, each "
+                         f"a list of cells; {signature}")
+    rows = list(rows)
+    for i, row in enumerate(rows):
+        if isinstance(row, (str, bytes)) or not hasattr(row, "__iter__"):
+            raise ValueError(f"table_html: row {i} is {row!r}, not a sequence of cells (a string "
+                             f"would show one letter per cell); was the header passed first? "
+                             f"{signature}")
+    width = None
+    if header is not None:
+        if isinstance(header, (str, bytes)) or not hasattr(header, "__iter__"):
+            raise ValueError(f"table_html: header={header!r} is not a sequence of labels; "
+                             f"allowed: a list or tuple of str (or numbers), or None")
+        header = list(header)
+        bad = [h for h in header if isinstance(h, bool) or not isinstance(h, (str, int, float))]
+        if bad:
+            raise ValueError(f"table_html: header holds {bad[0]!r}, not a label; allowed: str "
+                             f"or numbers (rows passed as the header? {signature})")
+        width = len(header)
+    rows = [list(row) for row in rows]
+    for i, row in enumerate(rows):
+        if width is not None and len(row) > width:
+            raise ValueError(f"table_html: row {i} has {len(row)} cells, the header {width} "
+                             f"labels; allowed: at most {width} cells a row")
     out = ['<table class="labkit-table">']
     if header:
         out.append("<tr>" + "".join(f"<th>{html.escape(str(h))}</th>" for h in header) + "</tr>")
     for row in rows:
+        row = row + [""] * ((width or len(row)) - len(row))
         out.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>")
     out.append("</table>")
     return "".join(out)

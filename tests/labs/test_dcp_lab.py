@@ -7,7 +7,11 @@ per tensor once over all ranks. No assertion is on speed: only on the order of t
 """
 from __future__ import annotations
 
+import threading
+
 import pytest
+import torch
+import torch.distributed.checkpoint as dcp
 
 from labkit.labs import dcp as lab
 from labkit.runtime.launch import resolve_target, run_lab
@@ -50,6 +54,37 @@ def test_async_save_returns_before_it_is_written_and_saves_the_state_at_the_call
     assert r["blocking_s"] > 0 and r["copy_s"] >= 0
     assert r["saved_is_state_at_call"] is True and r["training_changed_it"] is True
     assert r["steps_while_writing"] >= 0
+
+
+@pytest.mark.multirank
+def test_async_save_returns_before_the_ranks_agree_on_the_plan():
+    """torch 2.13 stages, then runs save() (planning, its collectives, the writes) in a thread:
+    on every rank planning waited for the call's return, ran off the main thread, and the plan
+    was agreed after the return and before the write finished."""
+    r = part("async")
+    assert r["planned_after_return"] is True, r["planning"]
+    assert len(r["planning"]) == N and "MainThread" not in r["planning_threads"]
+    for p in r["planning"]:
+        assert p["held"] is True and p["returned_s"] < p["set_up_s"] < p["agreed_s"], p
+    assert r["returned_s"] < r["planning"][0]["global_s"] < r["plan_agreed_s"] < r["done_s"]
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_the_planner_probe_tells_a_blocking_save_from_an_async_one(tmp_path, monkeypatch):
+    """One process: dcp.save plans inside the call (the hold times out: held False, on the
+    main thread); dcp.async_save returns first (held True, on its executor's thread)."""
+    monkeypatch.setattr(lab, "HOLD_S", 0.2)
+    state = {"w": torch.arange(6.0)}
+    blocking = lab.WatchedPlanner(threading.Event())
+    dcp.save(state, checkpoint_id=str(tmp_path / "b"), planner=blocking, no_dist=True)
+    assert (blocking.held, blocking.thread) == (False, "MainThread")
+    returned = threading.Event()
+    early = lab.WatchedPlanner(returned)
+    future = dcp.async_save(state, checkpoint_id=str(tmp_path / "a"), planner=early, no_dist=True)
+    returned.set()
+    getattr(future, "upload_completion", future).result()
+    assert early.held is True and early.thread != "MainThread"
+    assert early.times["set_up"] < early.times["agreed"]
 
 
 @pytest.mark.multirank

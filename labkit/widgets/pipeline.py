@@ -160,9 +160,9 @@ class PipelineCalculator(Calculator):
             if self.activations is not None:
                 cells.append(f"{self.activations[i] / GB:,.3f} GB")
             rows.append(cells)
-        if r.stages > TABLE_ROWS:
-            rows.append([f"stages {TABLE_ROWS} to {r.stages - 1}", "", "", ""])
         header = ["stage", "busy", "idle", "peak in flight (micro-batches)"]
-        return table_html(rows, header + (["activations"] if self.activations is not None
-                                          else []))
+        header += ["activations"] if self.activations is not None else []
+        if r.stages > TABLE_ROWS:
+            rows.append([f"stages {TABLE_ROWS} to {r.stages - 1}"] + [""] * (len(header) - 1))
+        return table_html(rows, header)
 

@@ -95,7 +95,11 @@ def run(args) -> int:
         if answer.strip().lower() not in ("y", "yes"):
             print("labkit reset: left as it was")
             return 0
-    backup = committed.keep_copy(target) if current is not None else None
+    try:
+        backup = committed.keep_copy(target) if current is not None else None
+    except ValueError as exc:
+        print(f"labkit reset: {exc}; {target.name} was left as it was", file=sys.stderr)
+        return 2
     target.write_text(text, encoding="utf-8")
     if backup is not None:
         print(f"kept your version of {target.name} in {backup}")

@@ -9,6 +9,7 @@ working files.
 """
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import time
@@ -70,14 +71,19 @@ def keep_copy(path: Path | str) -> Path:
     and return the copy's path."""
     path = Path(path)
     folder = path.parent / BACKUP_DIR
-    folder.mkdir(exist_ok=True)
     ignore = folder / ".gitignore"
+    for link in (folder, ignore):      # never write through a link: it may leave the course
+        if link.is_symlink():
+            raise ValueError(f"{link} is a link (to {os.readlink(link)}); labkit writes backups "
+                             f"only into a real folder {BACKUP_DIR}/ beside the exercise: remove "
+                             "the link and try again")
+    folder.mkdir(exist_ok=True)
     if not ignore.exists():
         ignore.write_text("# copies of edited exercise files, kept before regenerating them\n*\n")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     target = folder / f"{path.stem}.{stamp}{path.suffix}"
     n = 1
-    while target.exists():
+    while os.path.lexists(target):
         n += 1
         target = folder / f"{path.stem}.{stamp}-{n}{path.suffix}"
     shutil.copy2(path, target)

@@ -39,17 +39,41 @@ def _cell_problem(cell) -> str | None:
                     "source must be text or a list of lines of text")
     elif not isinstance(source, str):
         return f"has source {_kind(source)}; it must be text or a list of lines of text"
+    size = len(source) if isinstance(source, str) else sum(map(len, source))
+    if size > MAX_SOURCE_CHARS and cell["cell_type"] == "code":
+        return (f"holds {size / 2**20:.0f} MiB of code, more than an answer needs (at most "
+                f"{MAX_SOURCE_CHARS // 2**20} MiB a cell)")
     return None
 
 
-def read_learner(path: Path) -> list[dict]:
-    """The learner's cells as plain JSON dicts, checked as the module docstring says."""
+MAX_NOTEBOOK_BYTES = 64 * 2**20   # an exercise file with its figures is a few MB
+MAX_SOURCE_CHARS = 2**20          # one exercise cell's code: 1 MiB is ~20,000 lines
+
+
+def _read_bounded(path: Path) -> str:
+    """The text of a regular file of at most MAX_NOTEBOOK_BYTES (a FIFO, a device or /dev/zero
+    would block or never end: refused before it is opened)."""
     if not path.exists():
         raise GradeInputError(f"{path}: no such file")
     if path.is_dir():
         raise GradeInputError(f"{path} is a directory; give an exercise notebook (.ipynb)")
+    if not path.is_file():
+        raise GradeInputError(f"{path} is not a regular file (a pipe, a device or a socket); "
+                              "give an exercise notebook (.ipynb)")
+    limit = MAX_NOTEBOOK_BYTES
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise GradeInputError(f"{path} is larger than {limit // 2**20} MiB, more than an exercise "
+                              "notebook holds; clear its outputs (Edit > Clear Outputs of All "
+                              "Cells), save it, and grade it again")
+    return data.decode("utf-8")
+
+
+def read_learner(path: Path) -> list[dict]:
+    """The learner's cells as plain JSON dicts, checked as the module docstring says."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(_read_bounded(path))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise GradeInputError(f"{path} is not a Jupyter notebook (not JSON: {exc})") from None
     cells = data.get("cells") if isinstance(data, dict) else None

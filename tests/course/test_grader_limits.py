@@ -132,3 +132,37 @@ def test_fifty_megabytes_of_output_do_not_grow_the_grader(tmp_path):
     assert any(f"exercise ex2 printed more than the grader keeps "
                f"({CELL_OUTPUT_LIMIT / 1e6:g} MB a cell; output truncated: 49.0 MB)" in n
                for n in result["notes"]), result["notes"]
+
+
+# ------------------------------------------------------------------- what is not a notebook file
+
+@pytest.mark.parametrize("make, says", [
+    (lambda d: os.mkfifo(d / "x.ipynb"), "is not a regular file (a pipe, a device or a socket)"),
+    (lambda d: (d / "x.ipynb").symlink_to("/dev/zero"), "is not a regular file"),
+    (lambda d: (d / "x.ipynb").write_bytes(b" " * (grader_learner().MAX_NOTEBOOK_BYTES + 1)),
+     "MiB, more than an exercise notebook holds; clear its outputs"),
+])
+def test_what_is_not_a_notebook_is_refused_at_once(tmp_path, capsys, make, says):
+    """A FIFO blocked the grader forever, /dev/zero grew it to 4 GB: refused before reading."""
+    make(tmp_path)
+    path = tmp_path / "x.ipynb"
+    assert cli.main(["grade", str(path), "--template", str(SOLUTION)]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err, err
+
+
+def test_an_exercise_cell_of_megabytes_is_refused(tmp_path, capsys):
+    """A 200 MB exercise cell ran the grading kernel to 3.7 GB for 491 s."""
+    data = json.loads(EXERCISE.read_text())
+    code = [c for c in data["cells"] if c["cell_type"] == "code"]
+    code[1]["source"] = "x = 1\n" * (grader_learner().MAX_SOURCE_CHARS // 6 + 1)
+    path = tmp_path / EXERCISE.name
+    path.write_text(json.dumps(data))
+    assert cli.main(["grade", str(path), "--template", str(SOLUTION)]) == 2
+    err = capsys.readouterr().err
+    assert "MiB of code, more than an answer needs" in err and "Traceback" not in err, err
+
+
+def grader_learner():
+    from labkit.course import learner
+    return learner

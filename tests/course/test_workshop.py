@@ -532,6 +532,25 @@ def test_reset_backs_up_and_restores(course):
     assert len(list((course / "exercises" / ".backup").glob("*.ipynb"))) == 1
 
 
+@pytest.mark.parametrize("link", [".backup", ".backup/.gitignore"])
+def test_reset_never_writes_through_a_link_out_of_the_course(course, tmp_path_factory, link):
+    """A symlinked exercises/.backup (or its .gitignore) took the backup and a .gitignore
+    outside the course: refused, the learner's file left as it was, nothing written outside."""
+    outside = tmp_path_factory.mktemp("outside")
+    target = course / "exercises" / NAME
+    target.write_text(target.read_text().replace("raise NotImplementedError", "x = 1  #", 1))
+    before = target.read_text()
+    if link == ".backup":
+        (course / "exercises" / ".backup").symlink_to(outside)
+    else:
+        (course / "exercises" / ".backup").mkdir()
+        (course / "exercises" / ".backup" / ".gitignore").symlink_to(outside / "stolen")
+    out = cli("reset", f"exercises/{NAME}", "--yes", "--course", str(course), cwd=course)
+    assert out.returncode == 2 and "is a link" in out.stderr and "Traceback" not in out.stderr
+    assert target.read_text() == before
+    assert list(outside.iterdir()) == []
+
+
 def test_reset_asks_before_overwriting(course):
     target = course / "exercises" / NAME
     target.write_text(target.read_text().replace("raise NotImplementedError", "x = 1  #", 1))

@@ -1,19 +1,18 @@
 """`labkit calculators`: every calculator of the course in one web page, served by Voila (what
 `make calculators` runs). No JupyterLab and no code: a tab per calculator, each live.
 
-Bound to 127.0.0.1 with a token (random unless --token gives one) and the URL to open printed
-with it. --expose binds every interface (0.0.0.0) instead, for a workshop room, and says so
-loudly: the token is still required, and whoever has it gets a Python kernel on this machine
-(Voila passes the page's kernel messages through).
+Bound to 127.0.0.1 with a token (random unless --token gives one), the URL printed once Voila
+answers on it. --expose binds 0.0.0.0 for a workshop room and says so loudly: the token is still
+required, and whoever has it gets a Python kernel on this machine. Port: 8866, or a free one
+when it is taken; --port N asks for N (an error if taken), --port 0 for any free port.
 
-Port: 8866 (Voila's usual one), or any free port when 8866 is taken; --port N asks for N (an
-error if it is taken) and --port 0 for any free port. The port is chosen here and Voila is told
-not to move off it, and the URL is printed once Voila answers on it: the printed URL works.
+Each open page has a kernel (about 100 MB): shut down once no page has been connected to it and
+it has done nothing for --cull-after s (default 60, so a closed page's goes within 75 s); at most
+--max-kernels (default 40) at once, a page beyond that says to close a tab and reload.
 """
 from __future__ import annotations
 
 import argparse
-import errno
 import os
 import secrets
 import socket
@@ -22,9 +21,12 @@ import webbrowser
 from pathlib import Path
 
 import labkit
-from labkit.cli.course import port_number, serve   # --port's rule and the server's lifetime, as labkit course
+# --port's rule, the port check and the server's lifetime, as labkit course
+from labkit.cli.course import bindable, port_number, serve
 
 DEFAULT_PORT = 8866
+CULL_AFTER = 60          # s with no page connected and nothing done before a kernel is shut down
+MAX_KERNELS = 40         # pages (kernels, about 100 MB each) at once: 4 GB for a workshop room
 LOCAL, EVERYWHERE = "127.0.0.1", "0.0.0.0"
 
 
@@ -46,15 +48,26 @@ def token_text(text: str) -> str:
     return text
 
 
+def positive(text: str) -> int:
+    """argparse type for --cull-after and --max-kernels: a whole number from 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 1")
+    return value
+
+
+def cull_interval(cull_after: int) -> int:
+    """How often (s) the server looks for kernels to shut down: a quarter of --cull-after."""
+    return max(1, cull_after // 4)
+
+
 def _bindable(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
-        except OSError as exc:
-            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
-                return False
-            raise
-    return True
+    """Whether Voila could listen on host:port (SO_REUSEADDR, as tornado binds: a port only in
+    TIME-WAIT, a server on it just stopped, is free to it)."""
+    return bindable(host, port)
 
 
 def free_port(host: str) -> int:
@@ -77,12 +90,14 @@ def choose_port(requested: int | None, host: str) -> int:
     return requested
 
 
-def voila_command(port: int, token: str, expose: bool = False) -> list[str]:
+def voila_command(port: int, token: str, expose: bool = False, cull_after: int = CULL_AFTER,
+                  max_kernels: int = MAX_KERNELS) -> list[str]:
     """The Voila command: the app notebook, code hidden, on `port` (no moving to another),
     bound to 127.0.0.1 (0.0.0.0 with expose=True), token required, no browser of its own
     (`run` opens the URL with the token; Voila's would open a login page), warnings and errors
     only (its start-up lines print a URL with the token masked, `?token=...`, before it answers:
-    `run` prints the one to open once it does)."""
+    `run` prints the one to open once it does). Kernels: at most `max_kernels`
+    (labkit.app.kernels), each shut down after `cull_after` s with no page and no activity."""
     if not str(token).strip():
         raise ValueError("token='' would turn authentication off; allowed: a non-empty token")
     if not 1 <= int(port) <= 65535:
@@ -92,7 +107,14 @@ def voila_command(port: int, token: str, expose: bool = False) -> list[str]:
             f"--Voila.ip={EVERYWHERE if expose else LOCAL}", f"--port={port}",
             "--Voila.port_retries=0", f"--token={token}", "--no-browser",
             "--strip_sources=True", "--show_tracebacks=False",
-            "--theme=light", "--template=lab", "--Voila.log_level=WARN"]
+            "--theme=light", "--template=lab", "--Voila.log_level=WARN",
+            "--VoilaConfiguration.multi_kernel_manager_class="
+            "labkit.app.kernels.CappedKernelManager",
+            f"--CappedKernelManager.max_kernels={max_kernels}",
+            f"--CappedKernelManager.free_within={cull_after + cull_interval(cull_after)}",
+            f"--MappingKernelManager.cull_idle_timeout={cull_after}",
+            f"--MappingKernelManager.cull_interval={cull_interval(cull_after)}",
+            "--MappingKernelManager.cull_connected=False"]
 
 
 def app_urls(port: int, token: str, expose: bool = False) -> list[str]:
@@ -121,6 +143,13 @@ def add_arguments(parser) -> None:
                         help="serve on every network interface (0.0.0.0), not only 127.0.0.1 "
                              "(prints a warning; the token is still required)")
     parser.add_argument("--no-browser", action="store_true", help="do not try to open a browser")
+    parser.add_argument("--cull-after", type=positive, default=CULL_AFTER, metavar="SECONDS",
+                        help="shut a page's kernel down once no page has been connected to it, "
+                             f"and it has done nothing, for SECONDS (default {CULL_AFTER}): a closed page frees its "
+                             "memory (about 100 MB) within 1.25 x SECONDS; open pages keep theirs")
+    parser.add_argument("--max-kernels", type=positive, default=MAX_KERNELS, metavar="N",
+                        help=f"at most N pages (kernels) at once (default {MAX_KERNELS}, about "
+                             "100 MB each); one more gets a page saying to close a tab and reload")
 
 
 def _env() -> dict[str, str]:
@@ -144,13 +173,17 @@ def run(args) -> int:
               "labkit (pip install -e .)", file=sys.stderr)
         return 1
     token = args.token or secrets.token_urlsafe(18)
-    cmd = voila_command(port, token, expose=args.expose)
+    cmd = voila_command(port, token, expose=args.expose, cull_after=args.cull_after,
+                        max_kernels=args.max_kernels)
     if args.expose:
         print(EXPOSE_WARNING.format(port=port), file=sys.stderr, flush=True)
     urls = app_urls(port, token, expose=args.expose)
     where = "every network interface" if args.expose else "127.0.0.1 only"
     print(f"Starting the course's calculators (Voila, {where}) on port {port}; the URL follows "
           "once it answers (a few seconds).", flush=True)
+    print(f"At most {args.max_kernels} pages at once (--max-kernels); a closed page's kernel is "
+          f"shut down within {args.cull_after + cull_interval(args.cull_after)} s "
+          "(--cull-after).", flush=True)
 
     def when_starting(proc) -> None:
         _announce_when_answering(proc, port, urls, open_browser=not args.no_browser)

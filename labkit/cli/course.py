@@ -10,11 +10,13 @@ settings are never written.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -50,6 +52,33 @@ def token_text(text: str) -> str:
             "--token='' would turn authentication off; allowed: a non-empty token, or leave "
             "--token out for a random one (--no-auth turns authentication off, with a warning)")
     return text
+
+
+def bindable(host: str, port: int) -> bool:
+    """Whether a Jupyter server could listen on host:port: bound as tornado binds (SO_REUSEADDR on
+    POSIX), so a port left only in TIME-WAIT by a server that just stopped counts as free."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        if os.name != "nt":
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                return False
+            raise
+    return True
+
+
+def pinned_port(requested: int, host: str = "127.0.0.1") -> int:
+    """The port to serve on, chosen here (for --no-auth, whose warning names it): `requested`,
+    or when it is taken the next free one up to 50 further (as Jupyter moves), or for 0 (or
+    none free) one the system picks."""
+    for port in range(requested, min(requested + 51, 65536)) if requested else ():
+        if bindable(host, port):
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 NO_AUTH_WARNING = ("labkit course: WARNING: authentication is off (--no-auth). Any process or "
@@ -160,10 +189,13 @@ def run(args) -> int:
         print("labkit course: --token and --no-auth contradict each other; allowed: one of them",
               file=sys.stderr)
         return 2
-    cmd = lab_command(port=args.port, token=args.token, open_browser=not args.no_browser,
+    # --no-auth: the port is chosen here and Jupyter kept on it, so the warning names the real one
+    port = pinned_port(args.port) if args.no_auth else args.port
+    cmd = lab_command(port=port, token=args.token, open_browser=not args.no_browser,
                       no_auth=args.no_auth)
     if args.no_auth:
-        print(NO_AUTH_WARNING.format(port=args.port), file=sys.stderr, flush=True)
+        cmd.append("--ServerApp.port_retries=0")
+        print(NO_AUTH_WARNING.format(port=port), file=sys.stderr, flush=True)
     print(f"Starting JupyterLab on the course (127.0.0.1 only): open the URL it prints, {WELCOME}")
     print("with its token. `labkit` works in its terminals (File > New > Terminal). Stop it with Ctrl-C.",
           flush=True)

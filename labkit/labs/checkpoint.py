@@ -6,9 +6,9 @@
     labkit run checkpoint -n 2 -- --steps 8 --save-every 2 --ckpt-dir /tmp/ck2 --resume  # 4 -> 2
 
 From a notebook: `run_lab("labkit.labs.checkpoint", nproc=4, args=[...])`; the crash run raises
-LabError naming the killed rank and its signal (SIGKILL); `err.result.results[0]["losses"]`
-still holds what rank 0 reported before the crash. Built on labkit.parallel.fsdp.shard_model and
-labkit.parallel.checkpoint (DCP); the steps, saves, crash and report: docs/labs.md, ## checkpoint.
+LabError naming the killed rank and its signal; `err.result.results[0]["losses"]` holds what
+rank 0 reported before. --resume skips a damaged checkpoint and says so. Built on
+labkit.parallel.fsdp and labkit.parallel.checkpoint (DCP); more: docs/labs.md, ## checkpoint.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import signal
 import torch.distributed as tdist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from labkit.labs.common.flags import positive_int
+from labkit.labs.common.flags import positive_int, unwritable
 from labkit.parallel import checkpoint
 from labkit.runtime import dist
 from labkit.labs.common.fsdp_lm import CONFIG, batch, check_model_flags, check_world, model_flags, sharded
@@ -29,20 +29,46 @@ def config(args) -> dict:
     return {k: getattr(args, k) for k in CONFIG}
 
 
+class LoadError(RuntimeError):
+    """A checkpoint that passed the checks and still cannot be loaded (one line for the learner)."""
+
+
+def intact(ckpt_dir) -> tuple[tuple[int, str] | None, list[tuple[int, str]]]:
+    """((step, path) of the newest intact checkpoint or None, [(step, what is wrong)] of the
+    damaged ones newer than it), by the sizes and sha256 recorded at save time."""
+    skipped = []
+    for step, path in checkpoint.checkpoints(ckpt_dir):
+        why = checkpoint.damaged(path)
+        if why is None:
+            return (step, path), skipped
+        skipped.append((step, why))
+    return None, skipped
+
+
+def other_flags(path, args) -> str:
+    """'hidden: saved 64, now 128' for each flag the run that saved `path` had otherwise."""
+    saved = checkpoint.info(path)["extra"].get("config", {})
+    return ", ".join(f"{k}: saved {saved.get(k)!r}, now {v!r}" for k, v in config(args).items()
+                     if saved.get(k) != v)
+
+
 def resume(args, model, opt) -> tuple[int, list]:
-    """(step, losses) of the newest complete checkpoint, loaded into model and opt."""
-    found = checkpoint.latest(args.ckpt_dir)
+    """(step, losses) of the newest intact checkpoint, loaded into model and opt."""
+    found = getattr(args, "resume_from", None) or intact(args.ckpt_dir)[0]
     if found is None:          # parse_args checked it, but a rank may race a deletion
-        raise FileNotFoundError(f"--resume: no complete checkpoint in {args.ckpt_dir!r}")
-    saved = checkpoint.info(found[1])["extra"]
-    if saved.get("config") != config(args):
-        diff = {k: (saved.get("config", {}).get(k), v) for k, v in config(args).items()
-                if saved.get("config", {}).get(k) != v}
+        raise FileNotFoundError(f"--resume: no intact checkpoint in {args.ckpt_dir!r}")
+    if other_flags(found[1], args):
         raise ValueError(f"--resume: the checkpoint {found[1]!r} was saved by a run with other "
-                         f"flags ({', '.join(f'{k}: saved {a!r}, now {b!r}' for k, (a, b) in diff.items())}); "
+                         f"flags ({other_flags(found[1], args)}); "
                          "allowed: the same flags (the world size may differ)")
-    step = checkpoint.load(model, opt, found[1])
-    return step, [list(x) for x in saved["losses"]]
+    from torch.distributed.checkpoint.api import CheckpointException   # a BaseException
+    try:
+        step = checkpoint.load(model, opt, found[1])
+    except (Exception, CheckpointException) as exc:   # saved without sha256s, or damaged since
+        raise LoadError(f"--resume: the checkpoint {found[1]!r} cannot be loaded ("
+                        f"{type(exc).__name__}): it is damaged; move it out of --ckpt-dir to "
+                        "resume from an older one") from exc
+    return step, [list(x) for x in checkpoint.info(found[1])["extra"]["losses"]]
 
 
 def run(args, ctx) -> dict:
@@ -55,6 +81,11 @@ def run(args, ctx) -> dict:
     n_params = sum(p.numel() for p in model.parameters())
     start, losses, saves = 0, [], []
     if args.resume:
+        if getattr(args, "skipped", None):
+            many = "s" * (len(args.skipped) > 1)
+            dist.print0(f"--resume: skipped the damaged checkpoint{many} of " + "; ".join(
+                f"step {s} ({why})" for s, why in args.skipped) + "; resuming "
+                f"from step {args.resume_from[0]}, the newest intact one")
         start, losses = resume(args, model, opt)
         dist.print0(f"resumed from step {start} (saved by "
                     f"{checkpoint.info(checkpoint.step_dir(args.ckpt_dir, start))['world_size']}"
@@ -82,8 +113,7 @@ def run(args, ctx) -> dict:
     return out
 
 
-
-def parse_args(argv=None):
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=positive_int, default=8, help="steps in all (default 8)")
     p.add_argument("--save-every", type=positive_int, default=None,
@@ -94,25 +124,51 @@ def parse_args(argv=None):
     p.add_argument("--crash-rank", type=int, default=None,
                    help="the rank killed (default: the last rank)")
     p.add_argument("--resume", action="store_true",
-                   help="load the newest complete checkpoint in --ckpt-dir and go on")
+                   help="load the newest intact checkpoint in --ckpt-dir and go on")
     model_flags(p)
+    return p
+
+
+def parse_args(argv=None):
+    """The flags, checked before any work: the ranks of this run (WORLD_SIZE), --ckpt-dir
+    writable, --resume's checkpoint intact and of the same flags."""
+    p = _parser()
     args = p.parse_args(argv)
     check_model_flags(p, args)
+    world = dist.world_size()
+    if args.global_batch % world:
+        p.error(f"argument --global-batch: {args.global_batch} does not split across {world} "
+                f"ranks; allowed: a multiple of {world}")
     if args.crash_at_step is not None and args.crash_at_step > args.steps:
         p.error(f"argument --crash-at-step: {args.crash_at_step} is after the last step; "
                 f"allowed: 1 to --steps ({args.steps})")
     if args.crash_rank is not None and args.crash_rank < 0:
         p.error(f"argument --crash-rank: {args.crash_rank} is not a rank; allowed: 0 or more")
+    if args.crash_at_step is not None and (args.crash_rank or 0) >= world:
+        p.error(f"argument --crash-rank: {args.crash_rank} is not a rank of this run ({world} "
+                f"ranks); allowed: 0 to {world - 1}")
     if args.ckpt_dir is None and (args.resume or args.save_every is not None):
         p.error("argument --ckpt-dir: needed by --resume and --save-every; allowed: a folder")
+    if args.ckpt_dir is not None and unwritable(args.ckpt_dir):
+        p.error(f"argument --ckpt-dir: {unwritable(args.ckpt_dir)}; allowed: a folder this user "
+                "can write (made if missing)")
     if args.save_every is None:
         args.save_every = 2
     if args.resume:
-        found = checkpoint.latest(args.ckpt_dir)
+        found, args.skipped = intact(args.ckpt_dir)
+        if found is None and args.skipped:
+            p.error(f"argument --resume: no intact checkpoint in {args.ckpt_dir!r}: " + "; ".join(
+                f"step {s} ({why})" for s, why in args.skipped) + "; allowed: a folder with an "
+                "intact one, or run without --resume (the damaged ones are left as they are)")
         if found is None:
             p.error(f"argument --resume: no complete checkpoint in {args.ckpt_dir!r} (a "
                     "step_XXXXXX folder with .metadata and labkit.json); run without --resume "
                     "first, with --save-every K smaller than the crash step")
+        args.resume_from = found
+        if other_flags(found[1], args):
+            p.error(f"argument --resume: the checkpoint {found[1]!r} was saved by a run with "
+                    f"other flags ({other_flags(found[1], args)}); allowed: the same flags (the "
+                    "world size may differ)")
         if found[0] >= args.steps:
             p.error(f"argument --steps: {args.steps} steps are done already (the checkpoint is "
                     f"of step {found[0]}); allowed: more than {found[0]}")
@@ -123,7 +179,11 @@ def parse_args(argv=None):
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     ctx = dist.setup()
-    run(args, ctx)
+    try:
+        run(args, ctx)
+    except LoadError as exc:     # every rank: one line, no traceback
+        p = _parser()
+        p.exit(2, f"{p.prog}: error: {exc}\n")
     dist.shutdown()
 
 

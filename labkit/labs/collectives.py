@@ -18,7 +18,7 @@ import os
 import sys
 import tempfile
 import time
-from labkit.labs.common.flags import parse_size
+from labkit.labs.common.flags import parse_size, unwritable
 from labkit.labs.common.wire import bytes_written, fit_alpha_beta, model_parameters
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -43,6 +43,18 @@ def save_plot(data: bytes, where: str) -> str:
         f.write(data)
     return os.path.abspath(where)
 
+
+def plot_problem(where: str) -> str | None:
+    """Why save_plot could not write `where` (checked before the sweep), or None."""
+    if where in (DEFAULT_PLOT, ""):
+        return None
+    if os.path.isdir(where):
+        return (f"{where!r} is a folder; allowed: a file path such as "
+                f"{os.path.join(where, 'collectives.png')!r}, 'auto' or ''")
+    if os.path.islink(where):
+        return f"{where!r} is a symbolic link; allowed: a regular file path, 'auto' or ''"
+    why = unwritable(os.path.dirname(where) or ".", create=False)
+    return f"{why}; allowed: a file path in a folder you can write, 'auto' or ''" if why else None
 
 
 def sweep_sizes(min_bytes: int, max_bytes: int, factor: float, world_size: int,
@@ -200,6 +212,14 @@ def main(argv=None) -> None:
             raise ValueError("--iters must be >= 1 and --warmup >= 0")
         explicit = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else None
         lo, hi = parse_size(args.min_bytes), parse_size(args.max_bytes)
+        if hi < lo and not explicit:
+            raise ValueError(f"--max-bytes: {args.max_bytes} is below --min-bytes "
+                             f"{args.min_bytes}; allowed: a size >= --min-bytes")
+        if not args.step_factor > 1 and not explicit:
+            raise ValueError(f"--step-factor: {args.step_factor} is not > 1; allowed: a number "
+                             "> 1 (e.g. 2)")
+        if os.environ.get("RANK", "0") == "0" and plot_problem(args.plot):   # rank 0 saves it
+            raise ValueError(f"--plot: {plot_problem(args.plot)}")
     except ValueError as exc:
         p.error(str(exc))
 

@@ -18,6 +18,7 @@ import contextlib
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from labkit.labs.common.flags import positive_int
 from labkit.runtime import dist, measure
 from labkit.memory import PRECISIONS, RECOMPUTE, estimate_memory
 from labkit.labs.common.models import MasterWeights, average_gradients, build_model, fused_dropout, lab_spec
@@ -126,24 +127,32 @@ def print_table(r: dict) -> None:
               f"+ activations, no temporaries): {r['predicted_total']:,.0f} B")
 
 
-@record
-def main(argv: list[str] | None = None) -> None:
+# the spec's field in its errors -> the flag that sets it
+FIELDS = {"num_layers": "--layers", "hidden_size": "--hidden", "num_heads": "--heads",
+          "num_kv_heads": "--kv-heads", "vocab_size": "--vocab", "max_seq_len": "--seq"}
+
+
+def parse_args(argv=None):
+    """The flags, each refused with its name and what is allowed before any work."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", choices=["debug-gpt2", "debug-llama"], default="debug-gpt2",
                    help="family and preset (default debug-gpt2; the flags below set its sizes)")
     p.add_argument("--attention", choices=["eager", "sdpa"], default=None,
                    help="attention kernel (default: eager for GPT-2, sdpa for Llama)")
-    p.add_argument("--kv-heads", type=int, default=4,
+    p.add_argument("--kv-heads", type=positive_int, default=4,
                    help="Llama's key/value heads (default 4; must divide --heads)")
     p.add_argument("--precision", choices=[x for x in PRECISIONS if x != "fp16-mixed"],
                    default="bf16-mixed", help="labkit's policy name (default bf16-mixed)")
-    p.add_argument("--layers", type=int, default=4, help="transformer layers (default 4)")
-    p.add_argument("--hidden", type=int, default=128, help="hidden size h (default 128)")
-    p.add_argument("--heads", type=int, default=8, help="attention heads a (default 8)")
-    p.add_argument("--vocab", type=int, default=1024, help="vocabulary size v (default 1024)")
-    p.add_argument("--seq", type=int, default=128, help="tokens per sequence s (default 128)")
-    p.add_argument("--batch", type=int, default=4, help="micro-batch b, per rank (default 4)")
-    p.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
+    p.add_argument("--layers", type=positive_int, default=4, help="transformer layers (default 4)")
+    p.add_argument("--hidden", type=positive_int, default=128, help="hidden size h (default 128)")
+    p.add_argument("--heads", type=positive_int, default=8, help="attention heads a (default 8)")
+    p.add_argument("--vocab", type=positive_int, default=1024,
+                   help="vocabulary size v (default 1024)")
+    p.add_argument("--seq", type=positive_int, default=128,
+                   help="tokens per sequence s (default 128)")
+    p.add_argument("--batch", type=positive_int, default=4,
+                   help="micro-batch b, per rank (default 4)")
+    p.add_argument("--steps", type=positive_int, default=3, help="training steps (default 3)")
     p.add_argument("--recompute", choices=[r for r in RECOMPUTE if r != "selective"],
                    default="none", help="full: HF gradient checkpointing of every layer")
     p.add_argument("--activation", default="gelu_pytorch_tanh",
@@ -154,6 +163,24 @@ def main(argv: list[str] | None = None) -> None:
                         "prediction follows)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    try:
+        lab_spec(args)
+    except ValueError as exc:       # the spec's own checks, in the flags' names
+        field, _, text = str(exc).partition("=")
+        value, _, text = text.partition(" ")
+        for name, flag in FIELDS.items():
+            text = text.replace(f"{name}=", f"{flag} ")
+        p.error(f"argument {FIELDS.get(field, field)}: {value} {text}")
+    if args.model == "debug-llama" and args.hidden // args.heads % 2:
+        p.error(f"argument --heads: {args.heads} makes an odd head size, --hidden {args.hidden} "
+                f"/ {args.heads} = {args.hidden // args.heads}, which RoPE refuses; allowed: "
+                "heads that leave an even head size")
+    return args
+
+
+@record
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
 
     ctx = dist.setup()
     result = run(args, ctx)

@@ -7,10 +7,11 @@
         step = checkpoint.load(model, optimizer, found[1])   # every rank; any world size
 
 The directory layout, and why a crash mid-save is never resumed from: `save`. What resumes (the
-model, the optimizer, the step; DCP reshards on load): `load`.
+model, the optimizer, the step; DCP reshards on load): `load`. A file damaged later: `damaged`.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -52,9 +53,10 @@ def save(model, optimizer, step: int, ckpt_dir, extra: dict | None = None) -> st
 
     Layout: `ckpt_dir/step_XXXXXX/` holds DCP's files (one `__R_0.distcp` per rank that wrote,
     and `.metadata`, the index DCP writes last) and `labkit.json` (the step, the world size that
-    saved it, `extra`). A directory is complete when it has that name: `save` writes into
-    `step_XXXXXX.partial` and rank 0 renames it only after every rank's data and the metadata
-    are on disk (dcp.save returns on every rank only then). A crash mid-save leaves a
+    saved it, `extra`, and the size and sha256 of every DCP file, for `damaged`). A directory
+    is complete when it has that name: `save` writes into `step_XXXXXX.partial` and rank 0
+    renames it only after every rank's data and the metadata are on disk (dcp.save returns on
+    every rank only then) and labkit.json is written. A crash mid-save leaves a
     `.partial` directory, which `latest` never picks (and the next save of that step
     removes)."""
     import torch.distributed as dist
@@ -64,7 +66,8 @@ def save(model, optimizer, step: int, ckpt_dir, extra: dict | None = None) -> st
     final = step_dir(ckpt_dir, step)
     if extra is not None and not isinstance(extra, dict):
         raise ValueError(f"extra={extra!r} must be a dict of JSON values or None")
-    info = json.dumps({"step": step, "world_size": dist.get_world_size(), "extra": extra or {}})
+    info = {"step": step, "world_size": dist.get_world_size(), "extra": extra or {}}
+    json.dumps(info)                            # refuse what JSON cannot hold before any work
     partial = final + PARTIAL
     rank0 = dist.get_rank() == 0
     if rank0:                                   # a save that crashed earlier left this
@@ -73,8 +76,10 @@ def save(model, optimizer, step: int, ckpt_dir, extra: dict | None = None) -> st
     _barrier()
     dcp.save(state_dict(model, optimizer), checkpoint_id=partial)
     if rank0:
+        info["files"] = {name: _digest(os.path.join(partial, name))
+                         for name in sorted(os.listdir(partial)) if name != INFO}
         with open(os.path.join(partial, INFO), "w", encoding="utf-8") as f:
-            f.write(info)
+            json.dump(info, f)
         if os.path.exists(final):               # a rerun saving the same step again
             shutil.rmtree(final)
         os.rename(partial, final)               # atomic: now, and only now, it is complete
@@ -90,19 +95,49 @@ def complete(path) -> bool:
             and os.path.isfile(os.path.join(path, INFO)))
 
 
+def checkpoints(ckpt_dir) -> list[tuple[int, str]]:
+    """[(step, path)] of the complete checkpoints in `ckpt_dir`, newest first ([] if none)."""
+    ckpt_dir = os.fspath(ckpt_dir)
+    if not os.path.isdir(ckpt_dir):
+        return []
+    return sorted(((int(m.group(1)), os.path.join(ckpt_dir, m.group(0)))
+                   for m in map(_NAME.match, os.listdir(ckpt_dir))
+                   if m and complete(os.path.join(ckpt_dir, m.group(0)))), reverse=True)
+
+
 def latest(ckpt_dir) -> tuple[int, str] | None:
     """(step, path) of the newest complete checkpoint in `ckpt_dir`, or None if it has none
     (or does not exist). Partial directories of a crashed save are skipped."""
-    ckpt_dir = os.fspath(ckpt_dir)
-    if not os.path.isdir(ckpt_dir):
-        return None
-    found = []
-    for name in os.listdir(ckpt_dir):
-        m = _NAME.match(name)
-        path = os.path.join(ckpt_dir, name)
-        if m and complete(path):
-            found.append((int(m.group(1)), path))
-    return max(found) if found else None
+    return next(iter(checkpoints(ckpt_dir)), None)
+
+
+def _digest(path) -> dict:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return {"bytes": os.path.getsize(path), "sha256": h.hexdigest()}
+
+
+def damaged(path) -> str | None:
+    """What is wrong with complete checkpoint `path` (a file missing, cut short or changed since
+    `save` recorded its size and sha256), or None if nothing is. A checkpoint saved before
+    labkit recorded them is only checked for labkit.json."""
+    try:
+        with open(os.path.join(path, INFO), encoding="utf-8") as f:
+            files = {os.path.basename(name): (int(saved["bytes"]), str(saved["sha256"]))
+                     for name, saved in json.load(f).get("files", {}).items()}
+    except (OSError, ValueError, TypeError, AttributeError, KeyError) as exc:
+        return f"{INFO}: unreadable, {type(exc).__name__}"
+    for name, (size, sha256) in files.items():
+        if not os.path.isfile(os.path.join(path, name)):
+            return f"{name}: missing"
+        now = _digest(os.path.join(path, name))
+        if now["bytes"] != size:
+            return f"{name}: {now['bytes']:,} B, saved {size:,} B"
+        if now["sha256"] != sha256:
+            return f"{name}: sha256 differs from the one saved"
+    return None
 
 
 def info(path) -> dict:

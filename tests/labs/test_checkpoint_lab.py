@@ -156,9 +156,13 @@ def test_resume_with_no_checkpoint_says_so(capsys, tmp_path):
     assert "run without --resume first" in err
 
 
-def test_resume_refuses_a_checkpoint_of_other_flags(base, full):
-    args = lab.parse_args(["--ckpt-dir", str(base / "full"), "--resume", "--steps", "9",
-                           "--hidden", "128"])
+def test_resume_refuses_a_checkpoint_of_other_flags(capsys, base, full):
+    with pytest.raises(SystemExit):
+        lab.parse_args(["--ckpt-dir", str(base / "full"), "--resume", "--steps", "9",
+                        "--hidden", "128"])
+    assert ("argument --resume: the checkpoint " in capsys.readouterr().err)
+    args = lab.parse_args(["--ckpt-dir", str(base / "full"), "--resume", "--steps", "9"])
+    args.hidden = 128
     with pytest.raises(ValueError, match=r"other flags \(hidden: saved 64, now 128\)"):
         lab.resume(args, None, None)
 
@@ -175,7 +179,8 @@ def test_global_batch_must_split_across_the_ranks(tmp_path):
     with pytest.raises(ValueError, match="--global-batch 8 does not split across 3 ranks; "
                                          "allowed: a multiple of 3"):
         lab.run(args, ctx)
-    args = lab.parse_args(["--crash-at-step", "2", "--crash-rank", "4"])
+    args = lab.parse_args(["--crash-at-step", "2"])
+    args.crash_rank = 4
     with pytest.raises(ValueError, match="--crash-rank 4 is not a rank of this run; allowed: "
                                          "0 to 1"):
         lab.run(args, SimpleNamespace(world_size=2, rank=0, device="cpu"))
@@ -210,3 +215,138 @@ def test_resume_figure_refuses_what_is_not_a_loss_list():
         resume_figure([[1, float("nan")]])
     with pytest.raises(ValueError, match="no step after 3 is in both runs"):
         max_difference([[1, 1.0]], [[4, 1.0]], after=3)
+
+
+# --- bad flags before any work; damaged checkpoints; a kill at the last moment of a save ---
+
+@pytest.mark.parametrize("where, says", [
+    ("file", "is a file, not a folder"), ("file/sub", "is under a file, not a folder"),
+    ("/proc/ckpt", "no file can be written in '/proc/ckpt'")])
+def test_ckpt_dir_that_cannot_be_written_is_refused_first(capsys, tmp_path, where, says):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit):
+        lab.parse_args(["--ckpt-dir", str(tmp_path / where)])
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert "argument --ckpt-dir: " in err and says in err and "allowed: a folder" in err, err
+
+
+@pytest.mark.parametrize("world, argv, says", [
+    ("2", ["--crash-at-step", "2", "--crash-rank", "9"],
+     "argument --crash-rank: 9 is not a rank of this run (2 ranks); allowed: 0 to 1"),
+    ("3", [], "argument --global-batch: 8 does not split across 3 ranks; allowed: a multiple")])
+def test_flags_that_do_not_fit_the_ranks_are_refused_first(capsys, monkeypatch, world, argv,
+                                                           says):
+    monkeypatch.setenv("WORLD_SIZE", world)
+    with pytest.raises(SystemExit):
+        lab.parse_args(argv)
+    assert says in capsys.readouterr().err
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("argv, says", [
+    (["--ckpt-dir", "FILE"], "argument --ckpt-dir: 'FILE' is a file, not a folder"),
+    (["--crash-at-step", "2", "--crash-rank", "9"], "argument --crash-rank: 9 is not a rank")])
+def test_the_launcher_shows_the_one_line_not_a_traceback(tmp_path, argv, says):
+    (tmp_path / "f").write_text("")
+    argv = [a.replace("FILE", str(tmp_path / "f")) for a in argv]
+    with pytest.raises(LabError) as info:
+        run_lab("labkit.labs.checkpoint", nproc=2, timeout=120, quiet=True,
+                args=["--steps", "3", *argv])
+    text = str(info.value)
+    assert says.replace("FILE", str(tmp_path / "f")) in text and "Traceback" not in text
+    assert len(text.splitlines()) <= 8, text          # argparse's usage tail, then the error
+    assert not any("step 1/3" in line for line in info.value.result.output)     # no work done
+
+
+def damage(path: Path, how: str) -> None:
+    """Damage checkpoint `path` as a bad disk or a cut copy would."""
+    if how == "flip":                       # 4 KB inverted inside a shard
+        f = path / "__1_0.distcp"
+        data = bytearray(f.read_bytes())
+        data[4096:8192] = bytes(b ^ 0xFF for b in data[4096:8192])
+        f.write_bytes(bytes(data))
+    elif how == "empty-metadata":
+        (path / ".metadata").write_bytes(b"")
+    else:                                   # a shard cut in half
+        f = path / "__0_0.distcp"
+        f.write_bytes(f.read_bytes()[:f.stat().st_size // 2])
+
+
+DAMAGES = [("flip", "__1_0.distcp: sha256 differs from the one saved"),
+           ("empty-metadata", ".metadata: 0 B, saved "), ("cut", "__0_0.distcp: ")]
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("how, says", DAMAGES)
+def test_resume_names_a_damaged_checkpoint_and_takes_the_newest_intact(tmp_path, base, full,
+                                                                       how, says):
+    shutil.copytree(base / "full", tmp_path / "ck")
+    damage(tmp_path / "ck" / "step_000006", how)
+    args = lab.parse_args(["--ckpt-dir", str(tmp_path / "ck"), "--resume", "--steps", "8"])
+    assert args.resume_from == (4, str(tmp_path / "ck" / "step_000004"))
+    assert [step for step, _ in args.skipped] == [6] and says in args.skipped[0][1]
+    assert checkpoint.damaged(tmp_path / "ck" / "step_000004") is None
+
+
+@pytest.mark.multirank
+def test_resume_with_no_intact_checkpoint_stops_with_one_message(capsys, tmp_path, base, full):
+    shutil.copytree(base / "full", tmp_path / "ck")
+    for step in (2, 4, 6):
+        damage(tmp_path / "ck" / f"step_{step:06d}", "empty-metadata")
+    with pytest.raises(SystemExit):
+        lab.parse_args(["--ckpt-dir", str(tmp_path / "ck"), "--resume", "--steps", "8"])
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert ": error: argument --resume: no intact checkpoint in " in err, err
+    assert "step 6 (.metadata: 0 B" in err and "step 2 (.metadata: 0 B" in err, err
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == [
+        "step_000002", "step_000004", "step_000006"]                # nothing deleted
+
+
+@pytest.mark.multirank
+def test_resume_past_a_damaged_checkpoint_says_so_and_trains_on(tmp_path, base, full):
+    shutil.copytree(base / "full", tmp_path / "ck")
+    damage(tmp_path / "ck" / "step_000006", "flip")
+    result = run_lab("labkit.labs.checkpoint", nproc=2, timeout=180, quiet=True,
+                     args=[*ARGS, "--ckpt-dir", str(tmp_path / "ck"), "--resume"])
+    said = [line for line in result.output if "damaged" in line]
+    assert said == ["[rank 0] --resume: skipped the damaged checkpoint of step 6 (__1_0.distcp: "
+                    "sha256 differs from the one saved); resuming from step 4, the newest "
+                    "intact one"], said
+    r = result.results[0]
+    assert r["resumed_from"] == 4 and r["saves"] == [6]
+    diff = max(abs(a - b) for (_, a), (_, b) in zip(r["losses"][4:], full["losses"][4:]))
+    assert diff <= 1e-5, diff
+    for step in (4, 6):                     # the intact one kept; the damaged one saved anew
+        assert checkpoint.damaged(tmp_path / "ck" / f"step_{step:06d}") is None
+
+
+@pytest.mark.multirank
+def test_a_damaged_checkpoint_without_sha256s_fails_in_one_line(tmp_path, base, full):
+    """A checkpoint saved before labkit recorded sha256s: DCP's own error, named in one line."""
+    shutil.copytree(base / "full", tmp_path / "ck")
+    for step in (2, 4, 6):
+        info = tmp_path / "ck" / f"step_{step:06d}" / "labkit.json"
+        info.write_text(json.dumps({k: v for k, v in json.loads(info.read_text()).items()
+                                    if k != "files"}))
+    damage(tmp_path / "ck" / "step_000006", "flip")
+    with pytest.raises(LabError) as err:
+        run_lab("labkit.labs.checkpoint", nproc=2, timeout=180, quiet=True,
+                args=["--steps", "8", "--ckpt-dir", str(tmp_path / "ck"), "--resume"])
+    text = str(err.value)
+    assert "Traceback" not in text and len(text.splitlines()) <= 5, text
+    assert (f"--resume: the checkpoint '{tmp_path / 'ck' / 'step_000006'}' cannot be loaded "
+            "(CheckpointException): it is damaged") in text
+
+
+@pytest.mark.multirank
+def test_a_kill_just_before_the_rename_leaves_a_checked_partial_never_picked(tmp_path):
+    with pytest.raises(LabError) as info:
+        run_lab(LABS / "ckpt_crash_at_rename.py", nproc=2, timeout=120, quiet=True,
+                args=["--ckpt-dir", str(tmp_path)])
+    assert (info.value.rank, info.value.reason) == (0, "signal")
+    partial = tmp_path / "step_000002.partial"
+    files = json.loads((partial / "labkit.json").read_text())["files"]
+    assert sorted(files) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert checkpoint.damaged(partial) is None                 # every file as recorded
+    assert checkpoint.checkpoints(tmp_path) == [(1, str(tmp_path / "step_000001"))]
+    assert lab.intact(tmp_path) == ((1, str(tmp_path / "step_000001")), [])

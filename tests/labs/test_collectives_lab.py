@@ -158,3 +158,41 @@ def test_pictures_show_what_real_ranks_hold(semantics, op):
             want = _numbers(cells[rank], op, rank_input)
             if want is not None:                  # empty cells: undefined, not compared
                 assert got[key] == want, (op, rank, key)
+
+
+# ---------------------------------------------------------------------------------------------
+# bad flags, refused before the sweep
+
+@pytest.mark.parametrize("plot, says", [
+    ("DIR", "--plot: 'DIR' is a folder; allowed: a file path such as 'DIR/collectives.png'"),
+    ("DIR/missing/c.png", "--plot: the folder 'DIR/missing' does not exist; allowed: a file"),
+    ("DIR/f/c.png", "--plot: 'DIR/f' is a file, not a folder"),
+    ("/proc/c.png", "--plot: no file can be written in '/proc'"),
+])
+def test_plot_path_is_checked_before_the_sweep(capsys, tmp_path, plot, says):
+    (tmp_path / "f").write_text("")
+    with pytest.raises(SystemExit):
+        lab.main(["--sizes", "4K", "--plot", plot.replace("DIR", str(tmp_path))])
+    assert says.replace("DIR", str(tmp_path)) in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["-f", "1"], "--step-factor: 1.0 is not > 1; allowed: a number > 1"),
+    (["-b", "1M", "-e", "1K"], "--max-bytes: 1K is below --min-bytes 1M"),
+])
+def test_sweep_flags_are_checked_before_the_sweep(capsys, argv, says):
+    with pytest.raises(SystemExit):
+        lab.main([*argv, "--plot", ""])
+    assert says in capsys.readouterr().err
+
+
+@pytest.mark.multirank
+def test_a_folder_as_plot_fails_at_once_through_the_launcher(tmp_path):
+    from labkit.runtime.launch import LabError, run_lab
+
+    with pytest.raises(LabError) as info:
+        run_lab("labkit.labs.collectives", nproc=2, timeout=120, quiet=True,
+                args=["--sizes", "4K", "--plot", str(tmp_path)])
+    text = str(info.value)
+    assert f"--plot: {str(tmp_path)!r} is a folder" in text and "Traceback" not in text
+    assert not any("all_reduce" in line for line in info.value.result.output)   # no sweep

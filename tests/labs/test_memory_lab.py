@@ -119,3 +119,32 @@ def test_fused_dropout_saves_a_one_byte_mask():
     assert y.dtype == torch.bfloat16
     # Outside the block dropout is torch's own again.
     assert torch.nn.functional.dropout.__module__ == "torch.nn.functional"
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--steps", "0"], "argument --steps: '0' is not a whole number >= 1"),
+    (["--layers", "-1"], "argument --layers: '-1' is not a whole number >= 1"),
+    (["--layers", "200000"], "argument --layers: 200000 must be a whole number >= 1 and <= 100,"),
+    (["--heads", "3"], "argument --heads: 3 does not divide --hidden 128; allowed: 1, 2, 4"),
+    (["--model", "debug-llama", "--kv-heads", "3"], "argument --kv-heads: 3 does not divide "
+                                                    "--heads 8"),
+    (["--model", "debug-llama", "--hidden", "66", "--heads", "6", "--kv-heads", "3"],
+     "argument --heads: 6 makes an odd head size, --hidden 66 / 6 = 11, which RoPE refuses"),
+])
+def test_bad_flags_are_refused_by_their_name_before_any_work(capsys, argv, says):
+    from labkit.labs.memory import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    assert says in capsys.readouterr().err
+
+
+@pytest.mark.multirank
+def test_steps_0_through_the_launcher_is_one_line_not_a_traceback():
+    from labkit.runtime.launch import LabError
+
+    with pytest.raises(LabError) as info:
+        run_lab("labkit.labs.memory", nproc=1, timeout=120, quiet=True, args=["--steps", "0"])
+    text = str(info.value)
+    assert "argument --steps: '0' is not a whole number >= 1" in text
+    assert "Traceback" not in text and len(text.splitlines()) <= 8, text

@@ -1,10 +1,14 @@
 """The command-line pieces every lab shares: argparse types that refuse bad values with the flag's
-allowed range (`positive_int`, `between`, `parse_size`), the model-size flags and their check
-(`model_flags`, `check_heads`), and `run_and_report`, a lab's main inside a rank.
+allowed range (`positive_int`, `between`, `parse_size`), a folder's check (`unwritable`), the
+model-size flags and their check (`model_flags`, `check_heads`), and `run_and_report`, a lab's
+main inside a rank.
 """
 from __future__ import annotations
 
 import argparse
+import errno
+import os
+import tempfile
 
 from labkit.runtime import dist
 
@@ -13,6 +17,27 @@ def positive_int(text: str) -> int:
     if not str(text).isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
     return int(text)
+
+
+def unwritable(folder, create: bool = True) -> str | None:
+    """Why a lab cannot write files in `folder` (made first if `create`), or None. It writes and
+    removes a probe file: os.access passes root on /proc and /sys, where nothing can be made."""
+    folder = os.fspath(folder) or "."
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        return f"{folder!r} is a file, not a folder"
+    try:
+        if create:
+            os.makedirs(folder, exist_ok=True)
+        elif not os.path.isdir(folder):
+            return f"the folder {folder!r} does not exist"
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".labkit-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        if exc.errno == errno.ENOTDIR:
+            return f"{folder!r} is under a file, not a folder"
+        return f"no file can be written in {folder!r} ({exc.strerror or exc})"
+    return None
 
 
 def model_flags(p: argparse.ArgumentParser, *, layers: int, hidden: int, heads: int,

@@ -1,12 +1,12 @@
 """`labkit grade NOTEBOOK`: grade an exercise notebook in a fresh kernel (see labkit.course.grader).
 
-Each check's result is printed as soon as it is known, with the seconds it took; the summary
-follows. With --json the progress goes to stderr and the report, as JSON, to stdout.
-Exit status: 0 when every check passes, 1 when any fails, 2 when the input cannot be graded
-(missing file, not a notebook, a damaged one, a lesson instead of an exercise file, no solutions
-notebook), 128 + the signal when stopped by Ctrl-C (SIGINT) or SIGTERM (what a CI timeout
-sends): the kernel, and any lab it started, are stopped first. Killed by SIGKILL, the grader
-takes them with it too (labkit.course.kernel).
+    labkit grade exercises/03_ddp.ipynb                                   # a self-paced learner
+    labkit grade --reference ~/course learner-handout/exercises/03_ddp.ipynb   # an instructor
+
+`--reference DIR`: against DIR/solutions/<same name>, the instructor's copy (a learner handout,
+`labkit workshop handout`, holds none). Each check is printed as soon as it is known; --json puts
+the report on stdout. Exit status: 0 all pass, 1 any fails, 2 input that cannot be graded,
+128 + the signal when stopped (the kernel and its labs are stopped first). docs/runtime.md.
 """
 from __future__ import annotations
 
@@ -22,9 +22,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from labkit.course.kernel import KILL_GRACE
 
     parser.add_argument("notebook", help="your exercise notebook, e.g. exercises/01_memory_math.ipynb")
-    parser.add_argument("--template", metavar="PATH", default=None,
-                        help="the solutions notebook to grade against "
-                             "(default: solutions/<same name> of the course)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--template", metavar="PATH", default=None,
+                       help="the solutions notebook to grade against "
+                            "(default: solutions/<same name> of the course)")
+    which.add_argument("--reference", metavar="DIR", default=None,
+                       help="the instructor's copy of the course to grade against: "
+                            "DIR/solutions/<same name>; for a notebook handed in from a learner "
+                            "handout (labkit workshop handout), which has no solutions")
     parser.add_argument("--timeout", metavar="S", type=float, default=DEFAULT_TIMEOUT,
                         help=f"seconds a cell may run before it is interrupted; {KILL_GRACE:g} s "
                              f"later the kernel is killed if it still runs "
@@ -53,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     previous = _stop_on_sigterm(caught)
     try:
         report = grade_notebook(args.notebook, template=args.template, timeout=args.timeout,
-                                on_start=on_start,
+                                reference=getattr(args, "reference", None), on_start=on_start,
                                 on_check=lambda check: show(started[0].check_lines(check)))
     except GradeInputError as exc:
         print(f"labkit grade: {exc}", file=sys.stderr)

@@ -1,13 +1,16 @@
-"""`labkit workshop check|budget`: an instructor's preflight for a room of machines, and its budget.
+"""`labkit workshop check|budget|handout`: an instructor's preflight for a room of machines, its
+budget, and the learners' copy of the course.
 
     labkit workshop check                     # every check, one run of each lab program
     labkit workshop check --quick             # the machine, GPUs and 3 short labs (~30 s on CPU)
     labkit workshop check --labs all --json > $(hostname).json   # or --labs ddp,05,ddp:compare
     labkit workshop budget --learners 30 --gpus-per-learner 4 --times room/gpu-node.json \\
         --repeats 2 --session-hours 6 --price 2.5
+    labkit workshop handout ../learner-handout    # the course without solutions/ (nor answers)
 
-`check` ends with a one-line verdict; exit status 0 ready, 1 not ready, 2 bad arguments.
-`budget`: GPU-hours = learners x GPUs each x the labs' seconds x repeats / 3600.
+`check` exits 0 ready, 1 not ready, 2 bad arguments; `budget` counts GPU-hours; `handout DIR`
+writes the course without solutions/, tests/, git history or reference answers (graded with
+`labkit grade --reference COURSE NOTEBOOK`). docs/runtime.md, ### workshop.
 """
 from __future__ import annotations
 
@@ -47,6 +50,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="hours each learner holds the machine (the billed GPU-hours)")
     b.add_argument("--price", type=float, default=None, help="price of one GPU-hour")
     b.add_argument("--json", action="store_true", help="print the budget as JSON")
+    h = sub.add_parser("handout", help="a learner's copy of the course: no solutions, no answers",
+                       description="Write a learner's copy of the course to DIR (new or empty): "
+                                   "the lessons, labs and exercises, without solutions/, tests/, "
+                                   "git history or the checks' reference answers. Grade what "
+                                   "learners hand in with `labkit grade --reference COURSE "
+                                   "NOTEBOOK`.")
+    h.add_argument("dir", metavar="DIR", help="where to write it: a new or empty folder outside "
+                                              "the course")
+    h.add_argument("--course", metavar="PATH", default=None,
+                   help="the course copy to hand out (default: the one this labkit belongs to)")
+    h.add_argument("--no-git", action="store_true",
+                   help="no .git at all (default: a fresh repository whose one commit is the "
+                        "handout, so a learner can `git checkout` an exercise afresh)")
 
 
 def _check(args) -> int:
@@ -108,13 +124,27 @@ def _budget(args) -> int:
     return 0
 
 
+def _handout(args) -> int:
+    from labkit.course import workshop
+
+    try:
+        made = workshop.make_handout(args.dir, args.course, git=not args.no_git)
+    except ValueError as exc:
+        print(f"labkit workshop handout: {exc}", file=sys.stderr)
+        return 2
+    print(made.text())
+    return 0
+
+
 def run(args) -> int:
     if args.action == "check":
         return _check(args)
     if args.action == "budget":
         return _budget(args)
-    print("labkit workshop: say what to do; allowed: check, budget (labkit workshop check "
-          "--help)", file=sys.stderr)
+    if args.action == "handout":
+        return _handout(args)
+    print("labkit workshop: say what to do; allowed: check, budget, handout (labkit workshop "
+          "check --help)", file=sys.stderr)
     return 2
 
 

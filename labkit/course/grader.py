@@ -36,6 +36,13 @@ _SEAL = "__import__('labkit.course.seal', fromlist=['seal'])"
 
 # ------------------------------------------------------------------------------- locating files
 
+# What `labkit workshop handout` writes: HANDOUT.md at the root of a learner handout, and a
+# stand-in labkit/course/reference.py whose first line starts with HANDOUT_MARK.
+HANDOUT_FILE = "HANDOUT.md"
+HANDOUT_MARK = "# labkit workshop handout:"
+_PACKAGE = Path(__file__).resolve().parents[1]     # the labkit/ running this grader (its kernel's)
+
+
 def _solutions_dirs(notebook: Path) -> list[Path]:
     dirs = [ex_mod.REPO_ROOT / "solutions"]
     for parent in notebook.resolve().parents:
@@ -48,13 +55,52 @@ def _solutions_dirs(notebook: Path) -> list[Path]:
     return out
 
 
-def find_template(notebook: Path | str) -> Path:
+def is_handout_labkit(package: Path) -> bool:
+    """Whether the labkit/ folder `package` is a learner handout's (its reference answers are a
+    stand-in, or missing): it cannot grade."""
+    try:
+        with open(package / "course" / "reference.py", encoding="utf-8") as f:
+            return f.readline().startswith(HANDOUT_MARK)
+    except OSError:
+        return True
+
+
+def _handout_root(notebook: Path) -> Path | None:
+    """The learner handout this labkit or `notebook` belongs to, if any."""
+    if is_handout_labkit(_PACKAGE):
+        return _PACKAGE.parent
+    for d in (ex_mod.REPO_ROOT, *notebook.resolve().parents):
+        if (d / HANDOUT_FILE).is_file():
+            return d
+    return None
+
+
+def _reference_dirs(reference: Path) -> list[Path]:
+    """[reference/solutions], or GradeInputError saying why `reference` is not a course copy."""
+    if not reference.is_dir():
+        raise GradeInputError(f"--reference {reference}: no such folder; name the instructor's "
+                              "copy of the course (the folder that holds solutions/ and labkit/)")
+    if not (reference / "solutions").is_dir():
+        what = (f"{reference} is a learner handout ({HANDOUT_FILE}): it holds no solutions"
+                if (reference / HANDOUT_FILE).is_file() else
+                f"{reference} has no solutions/ folder")
+        raise GradeInputError(f"--reference {reference}: {what}; name the instructor's copy of "
+                              "the course (the folder that holds solutions/ and labkit/, e.g. "
+                              "~/course)")
+    return [reference / "solutions"]
+
+
+def find_template(notebook: Path | str, reference: Path | str | None = None) -> Path:
     """The solutions notebook for `notebook` (used unless ``--template PATH`` names one):
     ``solutions/<name>`` in the repository that holds this labkit package, else in a directory
-    above the learner's file (``exercises/../solutions/``); a file renamed by the learner is
-    matched by its ``NN_`` prefix when exactly one solutions notebook has it."""
+    above the learner's file (``exercises/../solutions/``); with `reference` (``--reference
+    DIR``, the instructor's copy of the course) only in ``DIR/solutions/``. A file renamed by
+    the learner is matched by its ``NN_`` prefix when exactly one solutions notebook has it. In
+    a learner handout (`labkit workshop handout`), which has no solutions, the error says that
+    grading happens on the instructor's copy."""
     notebook = Path(notebook)
-    dirs = _solutions_dirs(notebook)
+    dirs = _reference_dirs(Path(reference)) if reference is not None else \
+        _solutions_dirs(notebook)
     for d in dirs:
         if (d / notebook.name).is_file():
             return d / notebook.name
@@ -64,12 +110,61 @@ def find_template(notebook: Path | str) -> Path:
             hits = sorted(d.glob(f"{prefix.group(1)}_*.ipynb"))
             if len(hits) == 1:
                 return hits[0]
-    searched = ", ".join(str(d) for d in dirs) or "no solutions/ directory found"
     available = sorted({p.name for d in dirs for p in d.glob("*.ipynb")})
+    handout = _handout_root(notebook) if reference is None else None
+    if handout is not None:
+        shown = _shown(notebook)
+        raise GradeInputError(
+            f"{shown} is not graded here: this is a learner handout of the course "
+            f"({handout / HANDOUT_FILE}), which holds no solutions. Grading happens on your "
+            f"instructor's copy of the course: hand in {shown}; your instructor runs "
+            f"`labkit grade --reference COURSE {shown}`. Here, run the notebook's cells: a check "
+            "cell shows what your code raises, then says its reference answer is not in the "
+            "handout")
+    if reference is not None:
+        raise GradeInputError(
+            f"--reference {reference}: no solutions notebook matches {notebook.name!r} in "
+            f"{dirs[0]}; " + (f"available: {', '.join(available)}; name the learner's file "
+                              "like its module (e.g. 03_ddp.ipynb)" if available else
+                              "it holds no notebook"))
+    searched = ", ".join(str(d) for d in dirs) or "no solutions/ directory found"
     raise GradeInputError(
         f"no solutions notebook matches {notebook.name!r} (searched: {searched}); "
         + (f"available: {', '.join(available)}; " if available else "")
         + "name the file like its module (e.g. 01_memory_math.ipynb) or pass --template PATH")
+
+
+def _python_files(package: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(package)): p.read_bytes() for p in sorted(package.rglob("*.py"))
+            if "__pycache__" not in p.parts and p.is_file()}
+
+
+def check_reference_labkit(reference: Path | str) -> None:
+    """GradeInputError unless the labkit running this grader (the one its kernel imports, and
+    with it the checks' reference answers, labkit.course.reference) may grade against the
+    course copy `reference`: not a learner handout's labkit, and, when `reference` holds a
+    labkit/ of its own elsewhere, the same code as it."""
+    reference = Path(reference)
+    how = (f"run `labkit` from the environment of {reference} (e.g. "
+           f"{reference / '.venv' / 'bin' / 'labkit'} grade --reference {reference} NOTEBOOK, "
+           f"or `cd {reference} && python -m labkit grade --reference . NOTEBOOK`)")
+    if is_handout_labkit(_PACKAGE):
+        raise GradeInputError(f"the labkit running this command ({_PACKAGE}) is a learner "
+                              "handout's: it has no reference answers, so it cannot grade; "
+                              + how)
+    theirs = reference / "labkit"
+    if not theirs.is_dir() or theirs.resolve() == _PACKAGE:
+        return
+    mine, other = _python_files(_PACKAGE), _python_files(theirs)
+    first = ("course/reference.py", "course/grading.py")    # what the checks compare with
+    differ = sorted((k for k in mine.keys() | other.keys() if mine.get(k) != other.get(k)),
+                    key=lambda k: (first.index(k) if k in first else len(first), k))
+    if differ:
+        shown = ", ".join(differ[:3]) + (f" (+{len(differ) - 3})" if len(differ) > 3 else "")
+        raise GradeInputError(
+            f"--reference {reference}: its labkit ({theirs}) is not the labkit running this "
+            f"command ({_PACKAGE}), which runs the checks, and {len(differ)} of their files "
+            f"differ ({shown}): the reference answers could differ too; " + how)
 
 
 def _shown(path: Path) -> str:
@@ -80,14 +175,15 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
-def _refuse_non_exercise_file(path: Path, cells: list[dict], template: Path | None) -> None:
+def _refuse_non_exercise_file(path: Path, cells: list[dict], template: Path | None,
+                              reference: Path | None = None) -> None:
     """A lesson (or any file without exercise cells) is refused at once, naming the exercises."""
     if any(is_exercise_cell(c) for c in cells):
         return
     kind = "a lesson, not an exercise file" if path.resolve().parent.name == "notebooks" else \
         "not an exercise file"
     try:
-        template = template or find_template(path)
+        template = template or find_template(path, reference)
     except GradeInputError:
         folder = ex_mod.REPO_ROOT / "exercises"
         files = ", ".join(_shown(p) for p in sorted(folder.glob("*.ipynb"))) or "none yet"
@@ -351,8 +447,15 @@ def _template_note(path: Path, digest: str) -> list[str]:
 
 def grade_notebook(path: Path | str, template: Path | str | None = None, *,
                    timeout: float = DEFAULT_TIMEOUT, cwd: Path | str | None = None,
-                   on_start=None, on_check=None, grace: float = KILL_GRACE) -> GradeReport:
+                   on_start=None, on_check=None, grace: float = KILL_GRACE,
+                   reference: Path | str | None = None) -> GradeReport:
     """Grade the learner notebook at `path`; raises GradeInputError for input it cannot grade.
+
+    reference: the instructor's copy of the course (``labkit grade --reference DIR``): the
+    template is ``DIR/solutions/<name>`` (`find_template`), for a notebook of a learner handout
+    (`labkit workshop handout`) or anywhere else. The checks run with the labkit running this
+    grader (its kernel imports it, and the reference answers with it): refused when that is a
+    handout's, or differs from DIR's own labkit/ (`check_reference_labkit`).
 
     on_start(report): called once the template is known, before the kernel starts.
     on_check(check_result): called for each check as soon as it is decided.
@@ -392,9 +495,13 @@ def grade_notebook(path: Path | str, template: Path | str | None = None, *,
        explains expected vs received).
     """
     path = Path(path)
+    reference = Path(reference).expanduser() if reference is not None else None
     cells = read_learner(path)
-    _refuse_non_exercise_file(path, cells, Path(template) if template is not None else None)
-    template_path = Path(template) if template is not None else find_template(path)
+    _refuse_non_exercise_file(path, cells, Path(template) if template is not None else None,
+                              reference)
+    template_path = Path(template) if template is not None else find_template(path, reference)
+    if reference is not None:
+        check_reference_labkit(reference)
     template_nb, lay, digest = _read_template(template_path)
     if not lay.checks:
         raise GradeInputError(f"the template {template_path} has no check cells")

@@ -77,6 +77,59 @@ def _learner_frames(cause, keep: int = 3) -> list[str]:
 
 # ----------------------------------------------------------------------------------- formatting
 
+# ------------------------------------------------------------------------------- plain values
+# A check compares plain values only: what an answer returns is copied into builtins (numbers,
+# strings, lists, dicts) with the builtin types' own methods, so no method of the answer's
+# (an `__eq__` that always says yes, an `__float__` that reads the check's frame) runs while a
+# check holds its expected value.
+
+class Opaque:
+    """What a check sees of a value it cannot copy into builtins: its type's name only."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+
+    def __repr__(self) -> str:
+        return f"<a {self.kind}: not a plain value>"
+
+
+_EXACT = (int, float, complex, str, bytes, bool, type(None))
+
+
+def plain(value, _depth: int = 0):
+    """`value` as builtins, read through the builtin types' own slots (never a subclass's
+    methods): int, float, str, list, tuple, dict, set subclasses become their base; numpy
+    scalars and arrays, `.item()` / `.tolist()`; a torch tensor (exact type) stays a tensor;
+    anything else an `Opaque`."""
+    kind = type(value)
+    if kind in _EXACT:
+        return value
+    if _depth > 50:
+        return Opaque("structure nested too deep")
+    for base, copy in ((bool, bool.__bool__), (int, int.__int__), (float, float.__float__),
+                       (str, str.__str__)):
+        if issubclass(kind, base):
+            return copy(value)
+    if issubclass(kind, (list, tuple)):
+        items = [plain(x, _depth + 1) for x in (list.__iter__(value) if issubclass(kind, list)
+                                                 else tuple.__iter__(value))]
+        return items if issubclass(kind, list) else tuple(items)
+    if issubclass(kind, dict):
+        return {plain(k, _depth + 1): plain(v, _depth + 1) for k, v in dict.items(value)}
+    if issubclass(kind, (set, frozenset)):
+        return frozenset(plain(x, _depth + 1) for x in (set.__iter__(value) if issubclass(kind, set)
+                                                         else frozenset.__iter__(value)))
+    module = type.__dict__["__module__"].__get__(kind)       # not a metaclass's property
+    module = module if type(module) is str else ""
+    if module == "numpy" and hasattr(kind, "tolist"):
+        return plain(value.tolist(), _depth + 1)      # numpy's own types: C methods
+    if module.startswith("torch") and kind.__name__ in ("Tensor", "Parameter"):
+        return value
+    if module in ("fractions", "decimal"):
+        return float(value)
+    return Opaque(kind.__name__)
+
+
 def _short_repr(value, limit: int = 200) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 20] + " ... " + text[-12:]
@@ -191,13 +244,15 @@ def _passed(name: str, detail: str = "") -> None:
 
 def check(name: str, condition, message: str, *, hint: str | None = None) -> None:
     """Pass when `condition` is true; else fail with `message` (say what was expected)."""
-    if not condition:
+    condition = plain(condition)
+    if isinstance(condition, Opaque) or not condition:
         raise _fail(name, message, compare=False, hint=hint)
     _passed(name)
 
 
 def check_equal(name: str, received, expected, *, hint: str | None = None) -> None:
     """Pass when ``received == expected`` (exact; use check_close for floats)."""
+    received = plain(received)
     try:
         equal = bool(received == expected)
     except Exception:  # noqa: BLE001 - e.g. an array's ambiguous truth value
@@ -218,6 +273,7 @@ def check_close(name: str, received, expected, *, rtol: float = 1e-6, atol: floa
 
     unit: "bytes" (shown as GB and GiB), "bytes/s", "s", "FLOPs" or any label.
     """
+    received = plain(received)
     number = _as_number(received)
     if number is None:
         raise _fail(name, f"expected a number, received {_short_repr(received)} "
@@ -234,6 +290,7 @@ def check_close(name: str, received, expected, *, rtol: float = 1e-6, atol: floa
 def check_int(name: str, received, expected: int, *, unit: str | None = None,
               hint: str | None = None) -> None:
     """Pass when `received` is a whole number equal to `expected` (a float like 7.0 is accepted)."""
+    received = plain(received)
     number = _as_number(received)
     if number is None or not float(number).is_integer():
         raise _fail(name, f"expected a whole number, received {_short_repr(received)} "
@@ -305,23 +362,29 @@ def check_callable(name: str, fn: Callable, cases: Iterable, reference: Callable
     A case is an argument (``4096``), a tuple of positional arguments (``(4096, 32)``), a dict of
     keyword arguments, or ``(args_tuple, kwargs_dict)``. Results are compared exactly for whole
     numbers and other values, within ``rtol`` (default 1e-9) for floats, elementwise for lists,
-    tuples, dicts and tensors.
+    tuples, dicts and tensors. The learner's `fn` runs on every case before the reference runs
+    on any (its answers copied to plain values), so nothing `fn` can reach holds an expected
+    value.
     """
     if not callable(fn):
         raise _fail(name, f"expected a function, received {_short_repr(fn)} "
                           f"(a {type(fn).__name__})", compare=False, hint=hint)
-    cases = list(cases)
-    for case in cases:
-        args, kwargs = _split_case(case)
-        call = _call_text(fn, args, kwargs)
-        expected = reference(*args, **kwargs)
+    cases = [_split_case(case) for case in cases]
+    results = []
+    for args, kwargs in cases:
         try:
-            received = fn(*args, **kwargs)
+            results.append((plain(fn(*args, **kwargs)), None))
         except GradingError:
             raise                   # e.g. the grader refused a call (labkit.course.forbid)
         except NotImplementedError as exc:
-            raise _not_attempted(name, call, exc) from exc
+            raise _not_attempted(name, _call_text(fn, args, kwargs), exc) from exc
         except Exception as exc:  # noqa: BLE001 - the learner's code may raise anything
+            results.append((None, exc))
+            break
+    for (args, kwargs), (received, exc) in zip(cases, results):
+        call = _call_text(fn, args, kwargs)
+        expected = reference(*args, **kwargs)
+        if exc is not None:
             raise _fail(name, f"{call} raised {type(exc).__name__}: {exc}", compare=False,
                         extra=[f"  expected it to return {format_value(expected, unit)}"],
                         hint=hint) from exc

@@ -5,6 +5,10 @@ A cell may run `timeout` seconds; then the kernel is interrupted (SIGINT, as Jup
 does), and killed with its process group `grace` seconds later (`_Watchdog`). The kernel dies
 with the grader however the grader ends (`_client_class`), and the outputs kept are bounded
 (CELL_OUTPUT_LIMIT, TOTAL_OUTPUT_LIMIT, `bound_messages`). The details: docs/runtime.md.
+
+Nothing the kernel started outlives grading (`Leftovers`): a run token in the kernel's
+environment and, on Linux, a subreaper parent (`reaper_main`) find what left its process group;
+how, and what still escapes: docs/runtime.md, ### kernel.
 """
 from __future__ import annotations
 
@@ -16,10 +20,13 @@ import tempfile
 import threading
 import time
 import types
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 KILL_GRACE = 5.0  # seconds between the interrupt at the limit and killing the kernel
+SWEEP_GRACE = 1.0  # seconds between SIGTERM and SIGKILL for what the kernel left running
+ENV_GRADE_RUN = "LABKIT_GRADE_RUN"   # in the kernel's environment: this grading run's token
 # What the grader keeps of the outputs is bounded: at most CELL_OUTPUT_LIMIT characters a cell
 # and TOTAL_OUTPUT_LIMIT in all (errors are kept, shortened); what was dropped is counted
 # (`CellRun.dropped`) and said in the cell's outputs. The kernel sends its stdout and stderr in
@@ -50,8 +57,12 @@ class CellRun:
     dropped: int = 0              # characters of output not kept (over the limits)
 
 
-def kernel_env() -> dict:
+def kernel_env(token: str | None = None) -> dict:
+    """The kernel's environment: this process's, labkit importable, and `token` (ENV_GRADE_RUN)
+    when given."""
     env = dict(os.environ)
+    if token:
+        env[ENV_GRADE_RUN] = token
     # The kernel imports the same labkit as the grader, whatever its working directory.
     root = str(Path(__file__).resolve().parents[2])   # the folder that holds labkit/
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -67,6 +78,182 @@ def _signal(pgid: int, sig: int) -> None:
         pass
 
 
+# ------------------------------------------------------------ what the kernel leaves running
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl(option: int, value: int) -> bool:
+    try:
+        import ctypes
+        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def descendants(root: int) -> set[int]:
+    """The pids below process `root` (children, theirs, ...), from /proc; empty without it."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return set()
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found and child != root:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+class Leftovers:
+    """The processes of one grading run: those whose environment carries ENV_GRADE_RUN=`token`
+    and, while `root` (the kernel's reaper) lives, those below it. Each is remembered with its
+    start time when first seen (`find`), so that it can still be stopped after its parent is
+    gone, and a pid reused by another process is never signalled. Never this process."""
+
+    def __init__(self, token: str | None, root: int | None = None, reap: bool = False):
+        from labkit.runtime.guard import start_time
+
+        self.token, self.root, self.reap = token, root, reap
+        self.root_start = start_time(root) if root else None
+        self.seen: dict[int, str] = {}
+        self._lock = threading.Lock()
+
+    def find(self) -> set[int]:
+        """Look again (each call adds what is new), and return the live ones seen so far."""
+        from labkit.runtime.guard import alive, start_time
+
+        pids: set[int] = set()
+        if self.token:
+            from labkit.runtime.teardown import marked_pids
+            try:
+                pids |= marked_pids(ENV_GRADE_RUN, self.token)
+            except OSError:         # no /proc (macOS): nothing to find this way
+                pass
+        if self.root and alive(self.root, self.root_start):
+            pids |= descendants(self.root)
+        pids.discard(os.getpid())
+        with self._lock:
+            for pid in pids - self.seen.keys():
+                started = start_time(pid)
+                if started is not None:
+                    self.seen[pid] = started
+            return {pid for pid, started in self.seen.items() if alive(pid, started)}
+
+    def _send(self, pids: set[int], sig: int) -> None:
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _reap_children(self) -> None:
+        while self.reap:        # the reaper: collect its exited children (adopted orphans)
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    return
+            except ChildProcessError:
+                return
+
+    def sweep(self, grace: float = SWEEP_GRACE) -> int:
+        """SIGTERM what is left, SIGKILL what is still there `grace` s later (at once when a
+        second Ctrl-C or SIGTERM cuts the grace short); the number of processes found."""
+        live = self.find()
+        found = len(live)
+        if not live:
+            return 0
+        try:
+            if grace > 0:
+                self._send(live, signal.SIGTERM)
+                deadline = time.monotonic() + grace
+                while live and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    self._reap_children()
+                    live = self.find()
+        finally:
+            for _ in range(40):     # what forks as fast as it is killed: given up after ~2 s
+                self._reap_children()
+                live = self.find()
+                if not live:
+                    break
+                self._send(live, signal.SIGKILL)
+                time.sleep(0.05)
+            self._reap_children()
+        return found
+
+
+def reaper_command(cmd: list[str]) -> list[str]:
+    """`cmd` (the kernel) run below `reaper_main`, which dies with this process."""
+    return [sys.executable, "-c", "import sys; from labkit.course.kernel import reaper_main; "
+            "reaper_main(sys.argv[1:])", str(os.getpid()), "--", *cmd]
+
+
+def reaper_main(argv: list[str]) -> None:
+    """The kernel's parent (Linux): `python -c ... GRADER_PID -- KERNEL_CMD...`.
+
+    It asks for SIGTERM when the grader dies (PR_SET_PDEATHSIG) and to adopt the orphans below
+    it (PR_SET_CHILD_SUBREAPER), then forks the kernel, which dies with it (SIGKILL as its own
+    parent-death signal) and gets SIGINT as the grader sent it. The kernel's process group is
+    the reaper's (Jupyter's interrupt and kill reach both; the reaper ignores SIGINT and a
+    SIGTERM while the grader lives). When the kernel exits, the reaper stops what is left below
+    it (SIGTERM, SWEEP_GRACE, SIGKILL) and exits as the kernel did; when the grader dies, it
+    SIGKILLs everything below it at once and exits."""
+    if len(argv) < 3 or argv[1] != "--":
+        raise SystemExit("usage: reaper_main GRADER_PID -- KERNEL_COMMAND [ARGS...]")
+    grader, cmd = int(argv[0]), argv[2:]
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != grader:           # the grader died before the line above took effect
+        os._exit(1)
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    me = os.getpid()
+    below = Leftovers(None, root=me, reap=True)
+    sigint = signal.getsignal(signal.SIGINT)
+
+    def on_term(signum, frame):
+        if os.getppid() != grader:       # the parent-death signal: the grader is gone
+            below.sweep(grace=0)
+            os._exit(1)
+        # else SIGTERM to the kernel's group (Jupyter's shutdown): the kernel has it too
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    kernel = os.fork()
+    if kernel == 0:
+        try:
+            signal.signal(signal.SIGINT, signal.SIG_IGN if sigint == signal.SIG_IGN
+                          else signal.SIG_DFL)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() == me:
+                os.execv(cmd[0], cmd)
+        finally:
+            os._exit(127)
+    while True:
+        pid, status = os.waitpid(-1, 0)      # the kernel, and adopted orphans as they exit
+        if pid == kernel:
+            break
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)   # the grader's stop must not cut this short
+    below.sweep()
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:                          # killed by a signal: so is the reaper
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(me, -code)
+        code = 128 - code                 # a signal that does not end a process
+    os._exit(code & 0xFF)
+
+
 class _Watchdog(threading.Thread):
     """Interrupts the kernel at the deadline, kills its process group `grace` s later.
 
@@ -74,11 +261,13 @@ class _Watchdog(threading.Thread):
     cell still running `grace` s later (a loop inside C code, code that ignores SIGINT) gets the
     kernel and its process group killed (SIGKILL); that cell is reported as killed and the
     cells after it are not run. Labs the kernel started with `run_lab` die with it
-    (labkit.runtime.guard), so nothing is left running."""
+    (labkit.runtime.guard), so nothing is left running. `before_kill()` is called first
+    (`Leftovers.find`: what is below the kernel's reaper, before the reaper dies too)."""
 
-    def __init__(self, pgid: int, timeout: float, grace: float):
+    def __init__(self, pgid: int, timeout: float, grace: float, before_kill=None):
         super().__init__(daemon=True, name="labkit-grade-watchdog")
         self.pgid, self.timeout, self.grace = pgid, timeout, grace
+        self.before_kill = before_kill
         self._cond = threading.Condition()
         self._deadline: float | None = None
         self._done = False
@@ -114,6 +303,8 @@ class _Watchdog(threading.Thread):
                     self._deadline += self.grace
                 else:
                     self.killed = True
+                    if self.before_kill:
+                        self.before_kill()
                     _signal(self.pgid, signal.SIGKILL)
                     self._deadline = None
 
@@ -217,11 +408,12 @@ def _client_class():
 
     The kernel dies with the grader, however the grader ends: the guard is Linux's parent-death
     signal (SIGKILL when the grader's process is gone, even while the kernel holds the GIL in C
-    code, where ipykernel's own parent poller cannot run), and a grader stopped by an exception
-    (Ctrl-C, SIGTERM turned into one by `labkit grade`) kills the kernel's process group before
-    anything else. Each cell's execute-reply status is kept (`CellRun.status`): an error that a
-    cell hid from its outputs (IPython's set_custom_exc) still counts, with the reply's name and
-    value."""
+    code, where ipykernel's own parent poller cannot run; on Linux the kernel runs below
+    `reaper_main`, which gets that signal and takes everything below it along), and a grader
+    stopped by an exception (Ctrl-C, SIGTERM turned into one by `labkit grade`) kills the
+    kernel's process group before anything else, then what it left (`Leftovers`). Each cell's
+    execute-reply status is kept (`CellRun.status`): an error that a cell hid from its outputs
+    (IPython's set_custom_exc) still counts, with the reply's name and value."""
     from jupyter_client import AsyncKernelManager
     from nbclient import NotebookClient
 
@@ -230,7 +422,11 @@ def _client_class():
     class GuardedKernelManager(AsyncKernelManager):
         def format_kernel_cmd(self, extra_arguments=None):
             cmd = super().format_kernel_cmd(extra_arguments)
-            return guard.guarded_command(cmd) if guard.enabled() else cmd
+            if not guard.enabled():
+                return cmd
+            if sys.platform.startswith("linux"):     # the guard's parent-death signal, and more
+                return reaper_command(cmd)
+            return guard.guarded_command(cmd)
 
     class Client(NotebookClient):
         def __init__(self, *args, **kwargs):
@@ -285,6 +481,7 @@ def execute(nb, *, timeout: float, cwd: Path, before: dict | None = None,
     from traitlets.config import Config
 
     runs = [CellRun() for _ in nb.cells]
+    token = uuid.uuid4().hex
     with tempfile.TemporaryDirectory(prefix="labkit-grade-") as tmp:
         config = Config()
         if os.name == "posix":  # unix sockets: no "running over TCP without encryption" warning
@@ -299,9 +496,10 @@ def execute(nb, *, timeout: float, cwd: Path, before: dict | None = None,
         try:
             with open(log_path, "w") as log:
                 client.create_kernel_manager()
-                client.start_new_kernel(env=kernel_env(), stdout=log, stderr=log)
+                client.start_new_kernel(env=kernel_env(token), stdout=log, stderr=log)
                 client.start_new_kernel_client()
         except Exception as exc:  # noqa: BLE001 - no ipykernel, a broken environment, ...
+            Leftovers(token).sweep()
             with open(log_path) as log:
                 tail = log.read()[-1500:].strip()
             raise KernelStartError(f"could not start a Python kernel for {sys.executable} "
@@ -309,20 +507,26 @@ def execute(nb, *, timeout: float, cwd: Path, before: dict | None = None,
                                    + (f"\nthe kernel said:\n{tail}" if tail else "")) from exc
         provisioner = client.km.provisioner
         pgid = getattr(provisioner, "pgid", None) or provisioner.process.pid
-        dog = _Watchdog(pgid, timeout, grace)
+        # What the kernel starts: its token, and what is below its reaper (or the kernel).
+        left = Leftovers(token, root=provisioner.process.pid)
+        dog = _Watchdog(pgid, timeout, grace, before_kill=left.find)
         dog.start()
         try:
             with client.setup_kernel():
                 try:
                     _run_cells(client, nb, runs, dog, before or {}, probe, on_cell,
                                DeadKernelError)
+                    left.find()     # before the shutdown, which may have to kill the reaper
                 except BaseException:   # stopped (Ctrl-C, SIGTERM): no graceful shutdown
+                    left.find()
                     _signal(pgid, signal.SIGKILL)
                     _quiet_interrupted_tasks()
                     raise
         finally:
             dog.stop()
+            left.find()
             _signal(pgid, signal.SIGKILL)   # anything the kernel left in its group
+            left.sweep()                    # ... and outside it (a new session, a double fork)
     return runs
 
 

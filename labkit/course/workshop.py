@@ -3,6 +3,7 @@
     preflight().to_dict()    # this machine's rows and verdict: `labkit workshop check --json`
     select_labs(...)         # the course's lab runs by name: "ddp" every ddp run, "ddp:compare" one
     gpu_hours(...)           # the GPU-hours (and cost) for N learners, from measured lab times
+    make_handout(DIR)        # a learner's copy of the course without the answers (`handout DIR`)
 
 Without CUDA every GPU row is skipped with its reason and the labs run over gloo, as on a
 learner's laptop; what each row checks: `preflight` and docs/runtime.md.
@@ -376,3 +377,431 @@ def host_env() -> dict:
     """The machine's cores and load when it measured (another job on the cores slows labs)."""
     return {"cores": os.cpu_count(), "load_1min": os.getloadavg()[0]
             if hasattr(os, "getloadavg") else None}
+
+
+# --- the learner handout -----------------------------------------------------------------------
+# `solutions/` ships with the course: for a self-paced learner the grader is a learning aid (a
+# learner's code can read the answers however the grader guards them). A workshop hands learners
+# a copy without them (`labkit workshop handout DIR`) and grades the handed-in notebooks on its
+# own copy (`labkit grade --reference COURSE NOTEBOOK`).
+
+# What a handout copies from the course (an allowlist: a new top-level folder is left out, and
+# said so, until it is added here); exercises/ is written afresh from solutions/, not copied.
+HANDOUT_KEEP = ("labkit", "notebooks", "docs", "tools", "README.md", "Makefile",
+                "pyproject.toml", "environment.yml", ".gitignore")
+# Never copied, wherever they are: caches, build outputs, checkpoints, copies of edited exercises.
+_HANDOUT_SKIP = {"__pycache__", ".ipynb_checkpoints", ".backup", ".pytest_cache", ".hypothesis",
+                 ".git"}
+REFERENCE_FILE = "labkit/course/reference.py"
+# Why each part of the course stays out of a handout.
+HANDOUT_LEFT_OUT = {
+    "solutions": "the answers (the exercises are generated from them)",
+    "tests": "the test suite holds worked answers (tests/labs/test_*_exercise.py) and grades "
+             "the solutions",
+    ".git": "the history holds solutions/ (`git show HEAD:solutions/...`)",
+    REFERENCE_FILE: "the checks' reference answers (min_gpus_zero3, mesh_groups, ...), "
+                    "replaced by a stand-in: a check runs the learner's code, says what it "
+                    "raised or returned, then that its reference answer is not here",
+}
+
+
+# labkit/course/reference.py of a handout. It holds no answer: every reference answer is an
+# `_Absent` that a check may call (the check then runs the learner's code, and reports what it
+# raised as usual) but not compare with: that stops the check with NotInHandout, saying what the
+# learner's code returned. The reference module's helpers that take the learner's function are
+# stood in for by name (REFERENCE_STUB_NAMES).
+REFERENCE_STUB = '''"""A stand-in for labkit.course.reference, written by `labkit workshop handout`.
+
+The check cells of exercises/ compare your answers with reference answers that this module
+computes on the instructor's copy of the course; a learner handout leaves them out. Here a check
+still runs your code and says what it raised ("not attempted yet", an exception) or what it
+returned; whether that is right is said when your instructor grades the notebook you hand in.
+"""
+import sys
+
+HANDOUT = True
+GRADED = ("whether it is right is said when your instructor grades the notebook you hand in "
+          "(labkit grade --reference COURSE exercises/NN_name.ipynb)")
+
+
+class NotInHandout(BaseException):
+    """A check needed a reference answer. Not an Exception, so that no check (they catch
+    Exception) takes it for a wrong answer; shown as its message alone."""
+
+    def _render_traceback_(self):
+        return ["\\x1b[1;33m- no reference answer in this handout\\x1b[0m",
+                *str(self).splitlines()]
+
+
+def _short(value, limit=80):
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 5] + " ..."
+
+
+class _Absent:
+    """reference.NAME here, and what calling it gives."""
+
+    def __init__(self, what):
+        self._what = what
+
+    def __repr__(self):
+        return f"<{self._what}: not in this handout>"
+
+    __str__ = __repr__
+    __hash__ = object.__hash__
+
+    def __call__(self, *args, **kwargs):
+        parts = [_short(a, 40) for a in args] + [f"{k}={_short(v, 40)}" for k, v in kwargs.items()]
+        call = _Absent(f"{self._what}({', '.join(parts)})")
+        if sys._getframe(1).f_code.co_name == "check_raises":   # it must raise, not return
+            call._stop()
+        return call
+
+    def _stop(self, *got):
+        gave = (f"your code gave {_short(got[0])}; " if got and not isinstance(got[0], _Absent)
+                else "")
+        raise NotInHandout(f"this check compares your answer with {self._what}, which is not in "
+                           f"this learner handout: {gave}{GRADED}")
+
+    def __eq__(self, other):
+        self._stop(other)
+
+    def __ne__(self, other):
+        self._stop(other)
+
+    def __format__(self, spec):
+        return repr(self) if not spec else self._stop()
+
+
+def _stopper(name):
+    def stop(self, *args):
+        self._stop()
+    stop.__name__ = name
+    return stop
+
+
+for _name in ("lt le gt ge bool int float index complex iter len getitem contains neg pos abs "
+              "round add radd sub rsub mul rmul truediv rtruediv floordiv rfloordiv mod rmod "
+              "pow rpow").split():
+    setattr(_Absent, f"__{_name}__", _stopper(f"__{_name}__"))
+
+
+def __getattr__(name):
+    if name.startswith("_"):
+        raise AttributeError(name)
+    return _Absent(f"reference.{name}")
+
+
+def check_with_mistakes(name, fn, cases, reference, *, rtol=1e-9, unit=None, hint=None):
+    from labkit.course import grading
+    grading.check_callable(name, fn, list(cases), reference, rtol=rtol, unit=unit, hint=hint)
+
+
+def check_diagnosis(name, fn, cases, truth, seeds=None):
+    from labkit.course import grading
+    try:
+        fn({})
+    except NotImplementedError as exc:
+        raise grading.GradingError(f"{name}: {grading.NOT_ATTEMPTED}: {name}(evidence) still "
+                                   f"raises NotImplementedError({exc})", name=name) from exc
+    except Exception:  # noqa: BLE001 - an empty evidence dict is not a real case
+        pass
+    raise NotInHandout(f"this check compares {name}(evidence) with the true {truth} of each "
+                       f"case, which is not in this learner handout: {GRADED}")
+
+
+def by_kind(fn):
+    """`fn` returning only the kind of its reason ("memory" for "memory: needs ...")."""
+    if isinstance(fn, _Absent):
+        return fn
+
+    def kind(*args, **kwargs):
+        reason = fn(*args, **kwargs)
+        return None if reason is None else str(reason).split(":", 1)[0].strip()
+    kind.__name__ = getattr(fn, "__name__", "kind")
+    return kind
+'''
+# What REFERENCE_STUB defines in place of the reference module's own helpers (a test checks that
+# the module still has them).
+REFERENCE_STUB_NAMES = ("check_with_mistakes", "check_diagnosis", "by_kind")
+
+
+def _reference_stub() -> str:
+    from labkit.course.grader import HANDOUT_MARK
+    return f"{HANDOUT_MARK} the reference answers are not in this copy of the course.\n" + \
+        REFERENCE_STUB
+
+
+def _handout_readme(left_out: list[tuple[str, str]], git: bool) -> str:
+    gone = "\n".join(f"- `{path}`: {why}" for path, why in left_out)
+    afresh = ("`git checkout -- exercises/NN_name.ipynb`: this folder is a git\n  repository "
+              "whose one commit is the handout" if git else "copy it from the handout you\n  "
+              "were given: this folder has no git history")
+    return f"""# A learner handout of the course
+
+Made by `labkit workshop handout` for a workshop: the lessons, the labs and the exercises of the
+course, without what holds the answers, which stay with your instructor.
+
+- Work in `notebooks/` (lessons) and `exercises/` (your answers) as the README says.
+- A check cell of an exercise runs your code and says what it raised ("not attempted yet", an
+  exception) or, where it can, what it returned; then it stops with "no reference answer in
+  this handout": the reference answers it compares with are not here, so it cannot say whether
+  your answer is right.
+- Grading happens on your instructor's copy of the course: hand in `exercises/NN_name.ipynb`;
+  your instructor runs `labkit grade --reference COURSE exercises/NN_name.ipynb`. Here,
+  `labkit grade` says so and grades nothing.
+- Not here, because they need the solutions: `make test`, `make exercises`, `labkit reset`.
+  To start an exercise afresh, {afresh}.
+
+Left out of this copy:
+
+{gone}
+"""
+
+
+@dataclass
+class Handout:
+    """What `make_handout` wrote: `files` (relative paths) under `target`, what it left out and
+    why, the lines of the solutions that the library it copied holds too (`shared`: {file:
+    count}; a learner who reads labkit's source finds them), and the git repository's state."""
+    target: Path
+    files: list[str]
+    exercises: list[str]
+    left_out: list[tuple[str, str]]
+    shared: dict[str, int]
+    git: str
+    course_hint: str = "COURSE"
+
+    def text(self) -> str:
+        lines = [f"wrote a learner handout to {self.target}: {len(self.files)} files, "
+                 f"{len(self.exercises)} exercise notebooks (written from solutions/, stubs "
+                 f"only); {self.git}", "left out:"]
+        lines += [f"  {path}: {why}" for path, why in self.left_out]
+        if self.shared:
+            top = ", ".join(f"{k} ({v})" for k, v in sorted(self.shared.items(),
+                                                            key=lambda kv: -kv[1])[:5])
+            lines.append(f"note: {sum(self.shared.values())} lines of the solutions are also in "
+                         f"the library the exercises re-derive, which a handout keeps (the labs "
+                         f"and lessons need it): {top}. The grader refuses an answer that calls "
+                         "what its exercise asks for, not one that copies its source")
+        lines.append(f"learners: see {self.target / 'HANDOUT.md'}; grade what they hand in "
+                     f"with `labkit grade --reference {self.course_hint} NOTEBOOK`")
+        return "\n".join(lines)
+
+
+def _course_files(course: Path) -> list[str] | None:
+    """Relative paths of the course's files as git sees its working tree (tracked, and untracked
+    but not ignored), or None outside a git checkout."""
+    from labkit.course.committed import _git
+    if _git(course, "rev-parse", "--is-inside-work-tree") is None:
+        return None
+    top = _git(course, "rev-parse", "--show-toplevel")
+    if top is None or Path(top.strip()).resolve() != course.resolve():
+        return None
+    out = _git(course, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
+    return None if out is None else sorted({p for p in out.split("\0") if p})
+
+
+def _walk_files(course: Path) -> list[str]:
+    out = []
+    for dirpath, dirnames, filenames in os.walk(course):
+        dirnames[:] = [d for d in dirnames if d not in _HANDOUT_SKIP and
+                       not d.endswith(".egg-info")]
+        for f in filenames:
+            out.append(str((Path(dirpath) / f).relative_to(course)))
+    return sorted(out)
+
+
+def solution_lines(solution: Path, min_chars: int = 30) -> set[str]:
+    """The code lines between BEGIN/END SOLUTION markers of a solutions notebook that appear
+    nowhere else in it, stripped, at least `min_chars` long (short ones, `return x`, are
+    everywhere)."""
+    from labkit.course import exercises as ex_mod
+    inside, outside = set(), set()
+    for cell in ex_mod.read_notebook(solution).cells:
+        within = False
+        for line in ex_mod.source_text(cell).split("\n"):
+            s = line.strip()
+            if s == ex_mod.BEGIN:
+                within = True
+            elif s == ex_mod.END:
+                within = False
+            elif s and not s.startswith("#"):
+                (inside if within else outside).add(s)
+    return {s for s in inside - outside if len(s) >= min_chars}
+
+
+def _stripped_lines(path: Path) -> set[str]:
+    """The stripped lines of a text file (of its cells' sources, for a notebook); none for a
+    binary file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".ipynb":
+            from labkit.course import exercises as ex_mod
+            text = "\n".join(ex_mod.source_text(c) for c in ex_mod.parse_notebook(text).cells)
+    except Exception:  # noqa: BLE001 - binary, or a notebook nbformat cannot read
+        return set()
+    return {line.strip() for line in text.split("\n")}
+
+
+def _git_commit(target: Path) -> str:
+    """Make `target` a fresh git repository whose one commit is the handout; what happened."""
+    import subprocess
+    git = shutil.which("git")
+    if git is None:
+        return "no git repository (git is not installed)"
+    quiet = ["-c", "init.defaultBranch=main", "-c", "user.name=labkit workshop handout",
+             "-c", "user.email=handout@labkit.invalid", "-c", "commit.gpgsign=false",
+             "-c", f"core.hooksPath={os.devnull}", "-c", "core.autocrlf=false"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    try:
+        for args in (["init", "-q"], ["add", "-A", "-f"],     # -f: all it wrote, nothing else
+                     ["commit", "-q", "--no-verify", "-m", "A learner handout of the course "
+                      "(labkit workshop handout)"]):
+            subprocess.run([git, *quiet, *args], cwd=target, env=env, check=True,
+                           capture_output=True, timeout=120)
+    except (OSError, subprocess.SubprocessError) as exc:
+        shutil.rmtree(target / ".git", ignore_errors=True)
+        err = getattr(exc, "stderr", b"") or b""
+        return (f"no git repository (git failed: {err.decode(errors='replace').strip() or exc})")
+    return "a fresh git repository whose one commit is this handout"
+
+
+def make_handout(target: Path | str, course: Path | str | None = None, *,
+                 git: bool = True) -> Handout:
+    """Write a learner's copy of `course` (default: the course this labkit belongs to) to
+    `target`, a new or empty folder outside the course, holding nothing that holds an answer:
+
+    - copied: HANDOUT_KEEP's entries (labkit/, notebooks/, docs/, tools/, README.md, ...), as
+      the working tree has them (in a git checkout, the files git tracks or would: not what it
+      ignores), never a link (it could point at the answers) nor caches and `.backup/` copies;
+    - exercises/NN_*.ipynb written afresh from solutions/ (the generator's bytes: stubs only,
+      never an edited copy of the instructor's);
+    - labkit/course/reference.py replaced by a stand-in (REFERENCE_STUB): a check still runs the
+      learner's code and says what it raised, then, instead of comparing, "no reference answer
+      in this handout" with what the code returned; HANDOUT.md added (what is not here, how it
+      is graded);
+    - left out, and said so: solutions/, tests/, .git (`HANDOUT_LEFT_OUT`), every other
+      top-level entry; with `git`, the folder becomes a fresh repository whose one commit is the
+      handout (the learner's `git checkout -- exercises/...` resets an exercise), else it has
+      no .git at all.
+
+    ValueError (the message says why) for a `target` that exists and is not an empty folder, or
+    lies inside the course, or a course without solutions/."""
+    from labkit.course import exercises as ex_mod
+    course = Path(course or REPO_ROOT).resolve()
+    target = Path(target).expanduser()
+    if target.exists() or target.is_symlink():
+        if not target.is_dir() or target.is_symlink():
+            raise ValueError(f"{target} exists and is not a folder; name a new or empty folder")
+        entries = sorted(p.name for p in target.iterdir())
+        if entries:
+            shown = ", ".join(entries[:3]) + (" ..." if len(entries) > 3 else "")
+            raise ValueError(f"{target} exists and is not empty ({len(entries)} entries: "
+                             f"{shown}); name a new or empty folder: nothing there is "
+                             "overwritten")
+    resolved = target.resolve()
+    if resolved == course or course in resolved.parents:
+        raise ValueError(f"{target} is inside the course ({course}): a handout sits beside "
+                         "solutions/ there; name a folder outside it (e.g. ../handout)")
+    solutions = course / "solutions"
+    sols = ex_mod.solution_files(solutions) if solutions.is_dir() else []
+    if not sols:
+        raise ValueError(f"{course} has no solutions/*.ipynb: a handout is made from the "
+                         "instructor's copy of the course (its exercises are written from them)")
+    # every exercise is rendered and checked before anything is written
+    rendered = {s.name: ex_mod.render_path(s) for s in sols}
+    for s in sols:
+        leaks = ex_mod.leaked_lines(ex_mod.read_notebook(s),
+                                    ex_mod.parse_notebook(rendered[s.name]))
+        if leaks:       # the generator refuses such a notebook; never hand one out
+            raise ValueError(f"exercises/{s.name} would hold lines of its solution "
+                             f"({leaks[:2]}); run `python -m labkit.course.exercises --check`")
+
+    listed = _course_files(course)
+    in_git = listed is not None
+    listed = listed if in_git else _walk_files(course)
+    copy, links, skipped = [], [], set()
+    for rel in listed:
+        parts = Path(rel).parts
+        if parts[0] not in HANDOUT_KEEP:
+            skipped.add(parts[0])
+            continue
+        if rel == REFERENCE_FILE or set(parts) & _HANDOUT_SKIP or \
+                any(p.endswith(".egg-info") for p in parts):
+            continue
+        src = course / rel
+        if any((course / Path(*parts[:i])).is_symlink() for i in range(1, len(parts) + 1)):
+            links.append(rel)
+            continue
+        if src.is_file():
+            copy.append(rel)
+    if not in_git:
+        skipped |= {p.name for p in course.iterdir()} - set(HANDOUT_KEEP)
+    skipped -= {"exercises"}
+
+    left_out = [(f"{name}/" if (course / name).is_dir() else name, why)
+                for name, why in HANDOUT_LEFT_OUT.items() if (course / name).exists()]
+    known = {name.split("/")[0] for name in HANDOUT_LEFT_OUT}
+    others = sorted(skipped - known)
+    if others:
+        left_out.append((", ".join(f"{n}/" if (course / n).is_dir() else n for n in others),
+                         "not part of what a learner works with (CI, build outputs, caches)"))
+    if links:
+        left_out.append((", ".join(links[:5]) + (" ..." if len(links) > 5 else ""),
+                         "links: one could point at the answers"))
+    left_out.append(("exercises/ as it is in the course",
+                     "written afresh from solutions/ instead: no edited copy of yours is "
+                     "handed out"))
+    if in_git:
+        left_out.append(("what git ignores (.venv/, *.egg-info/, caches, .backup/ ...)",
+                         "not part of the course"))
+
+    learner_left_out = [item for item in left_out if item[0].rstrip("/") in HANDOUT_LEFT_OUT]
+    existed = target.exists()
+    try:
+        written = _write_handout(course, target, copy, rendered, learner_left_out, git)
+    except BaseException:       # nothing half-written is left behind (the folder was empty)
+        if existed:
+            for p in target.iterdir():
+                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+        else:
+            shutil.rmtree(target, ignore_errors=True)
+        raise
+    git_state = written.pop()
+    secret = set().union(*(solution_lines(s) for s in sols))
+    shared = {rel: n for rel in copy if (n := len(secret & _stripped_lines(target / rel)))}
+    return Handout(target, sorted(written), sorted(rendered), left_out, shared, git_state,
+                   course_hint=str(course))
+
+
+def _write_handout(course: Path, target: Path, copy: list[str], rendered: dict[str, str],
+                   left_out: list[tuple[str, str]], git: bool) -> list[str]:
+    """Write the handout's files (`make_handout`): the relative paths written, then what
+    happened with git."""
+    from labkit.course.grader import HANDOUT_FILE
+    target.mkdir(parents=True, exist_ok=True)
+    written = []
+    for rel in copy:
+        dest = target / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(course / rel, dest)
+        shutil.copymode(course / rel, dest)
+        written.append(rel)
+    (target / "exercises").mkdir(exist_ok=True)
+    for name, text in rendered.items():
+        (target / "exercises" / name).write_text(text, encoding="utf-8")
+        written.append(f"exercises/{name}")
+    if (course / REFERENCE_FILE).is_file():
+        stub = target / REFERENCE_FILE
+        stub.parent.mkdir(parents=True, exist_ok=True)
+        stub.write_text(_reference_stub(), encoding="utf-8")
+        written.append(REFERENCE_FILE)
+    readme = target / HANDOUT_FILE
+    readme.write_text(_handout_readme(left_out, bool(git and shutil.which("git"))),
+                      encoding="utf-8")
+    written.append(HANDOUT_FILE)
+    git_state = _git_commit(target) if git else "no git repository (--no-git)"
+    if git and not git_state.startswith("a fresh"):   # the note must not promise one
+        readme.write_text(_handout_readme(left_out, False), encoding="utf-8")
+    return written + [git_state]

@@ -27,7 +27,7 @@ COMMANDS = {
     "grade": ("grade", "grade an exercise notebook: labkit grade exercises/01_memory_math.ipynb"),
     "course": ("course", "start JupyterLab on the course"),
     "calculators": ("calculators", "the course's calculators as a standalone web app (Voila)"),
-    "workshop": ("workshop", "instructor preflight of a machine and GPU-hour budget: labkit workshop check --json"),
+    "workshop": ("workshop", "instructors: preflight, GPU-hour budget, a learner handout without answers"),
     "reset": ("reset", "restore a fresh exercise notebook, keeping a backup: labkit reset exercises/03_ddp.ipynb"),
 }
 

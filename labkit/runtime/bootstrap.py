@@ -12,21 +12,77 @@ script the names rank, world_size, device, ctx, report, print0, progress, torch 
 """
 from __future__ import annotations
 
+import json
 import os
 import runpy
 import sys
+import time
+import traceback
 
 from labkit.runtime import dist, guard
 
 
-def _write_elastic_error_file(exc: BaseException) -> None:
-    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if not path or os.path.exists(path):   # the lab's own @record got there first
+ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
+_LAB_SUFFIX = ".lab"      # where a lab's own @record writes (see _private_error_file)
+
+
+def _private_error_file() -> str | None:
+    """Point a lab's own `@record` (torch elastic's error file) at a private path, so that the
+    file torchrun's agent reads is only ever whole: `_write_elastic_error_file` moves it there
+    in one rename. Returns the agent's path (None: not under torchrun or the pool).
+
+    Why: torchrun's agent reads every failed rank's error file when it stops the others, and a
+    rank it stopped (SIGTERM) halfway through writing one (`@record` writes in place) left an
+    empty file that made the agent crash (json.decoder.JSONDecodeError) instead of printing its
+    failure summary, which holds the ranks' exit codes (labkit.runtime.verdict reads them)."""
+    path = os.environ.get(ERROR_FILE)
+    if path:
+        os.environ[ERROR_FILE] = path + _LAB_SUFFIX
+    return path
+
+
+def _write_elastic_error_file(exc: BaseException, path: str | None) -> None:
+    """torch elastic's error file for this rank at `path` (what `@record` writes: the agent
+    puts its traceback in torchrun's failure summary), whole or not at all: the lab's own, if
+    its `@record` wrote a readable one, else ours; written aside, then renamed."""
+    if not path or os.path.exists(path):
+        return
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        try:
+            with open(path + _LAB_SUFFIX, encoding="utf-8") as f:
+                json.load(f)                 # the lab's own @record got there first
+            os.replace(path + _LAB_SUFFIX, path)
+            return
+        except (OSError, ValueError):
+            pass
+        data = {"message": {"message": f"{type(exc).__name__}: {exc}",
+                            "extraInfo": {"py_callstack": "".join(
+                                traceback.format_exception(type(exc), exc, exc.__traceback__)),
+                                "timestamp": str(int(time.time()))}}}
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+    except Exception:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def _ask_peers_where_they_are(exc: BaseException, tb: str) -> None:
+    """This rank gave up waiting in a collective (its timeout): before it exits, and the
+    launcher's agent stops the others, have the peers that are still running dump their stacks
+    into the run directory, so that the launcher can name the rank that never joined
+    (labkit.runtime.verdict). Waits up to postmortem.STACK_WAIT_SECONDS."""
+    directory = os.environ.get(dist.ENV_RESULTS_DIR)
+    if not directory or dist.world_size() < 2:
         return
     try:
-        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
-        ErrorHandler().record_exception(exc)
-    except Exception:
+        from labkit.runtime import postmortem
+        if postmortem.timed_out_collective(str(exc), tb):
+            postmortem.dump_peer_stacks(directory, dist.rank(), os.environ.get(dist.ENV_RUN_ID))
+    except Exception:           # a diagnosis, never a reason to fail differently
         pass
 
 
@@ -44,6 +100,7 @@ def main(argv: list[str]) -> None:
         raise SystemExit("usage: python -m labkit.runtime.bootstrap TARGET [ARGS...]")
     target, args = argv[0], argv[1:]
     guard.protect_rank()          # die with torchrun and with the launcher (no orphans)
+    error_file = _private_error_file()
     dist._begin()
     sys.argv = [target, *args]
     code = 0
@@ -60,7 +117,8 @@ def main(argv: list[str]) -> None:
             dist._record_error(exc)
     except BaseException as exc:
         tb = dist._record_error(exc)
-        _write_elastic_error_file(exc)
+        _ask_peers_where_they_are(exc, tb)
+        _write_elastic_error_file(exc, error_file)
         dist._finish(1)
         # Print the traceback without this module's frames, then leave at once: peers are
         # already failing, and interpreter teardown with a live process group can abort.

@@ -232,17 +232,19 @@ def print0(*args, **kwargs) -> None:
 # lifecycle records (written by labkit.runtime.bootstrap, which wraps every lab run_lab starts)
 
 def _begin() -> None:
-    _write({"kind": "start", "rank": rank(), "local_rank": local_rank(),
-            "world_size": world_size(), "pid": os.getpid(), "host": socket.gethostname()})
     directory = os.environ.get(ENV_RESULTS_DIR)
     if directory:
-        # On SIGUSR1 dump every thread's Python stack, so that a launcher timeout can say
-        # where each rank was stuck. faulthandler writes from the signal handler in C, which
-        # works even while the rank blocks inside a gloo/NCCL call.
+        # On SIGUSR1 dump every thread's Python stack, so that a launcher timeout (or a peer
+        # whose collective timed out) can say where each rank was stuck. faulthandler writes
+        # from the signal handler in C, which works even while the rank blocks inside a
+        # gloo/NCCL call. Registered before the start record is written: whoever reads this
+        # rank's pid there may send SIGUSR1 at once (its default action ends the process).
         import faulthandler
         import signal
         f = open(os.path.join(directory, f"rank{rank()}.stack"), "w")  # noqa: SIM115 (kept open)
         faulthandler.register(signal.SIGUSR1, file=f, all_threads=True)
+    _write({"kind": "start", "rank": rank(), "local_rank": local_rank(),
+            "world_size": world_size(), "pid": os.getpid(), "host": socket.gethostname()})
 
 
 def _record_error(exc: BaseException) -> str:

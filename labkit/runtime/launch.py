@@ -258,7 +258,7 @@ def _launch(target: str, nproc: int, args, timeout: float | None, env: dict | No
         result, failure = collect(target, nproc, results_dir, log_dir, returncode, wall,
                                   printer.output, printer.agent_log, run_id,
                                   state == "timeout", timeout, stacks, deaths.died,
-                                  job.exit_codes(), launcher)
+                                  job.exit_codes(), launcher, deaths.codes)
         job.after(read_records(results_dir))
     finally:
         if not keep_logs:
@@ -448,10 +448,15 @@ def _all_ranks_done(results_dir: str, nproc: int) -> bool:
     return True
 
 
+_DEATH = object()      # the selector's tag for a rank's pidfd (DeathWatch.fds)
+
+
 def _pump(job, t0, timeout, printer: _Printer, done=None, deaths: DeathWatch | None = None) -> str:
     """Print the ranks' lines as they arrive until the launcher's side ends ("exited"), the
     timeout fires ("timeout"), or done() says the ranks have all finished ("finished": the
-    launcher is then ended rather than waited for). deaths.poll() runs every 0.1 s.
+    launcher is then ended rather than waited for). deaths.poll() runs every 0.1 s, and
+    at once when a rank's pidfd says it exited (so that who died first, and its exit code,
+    are known under torchrun too: DeathWatch).
     Printing here, in the caller's (main) thread, is what makes output live in a Jupyter cell;
     the launcher's own lines are kept in `result.agent_log`."""
     sel = selectors.DefaultSelector()
@@ -469,6 +474,8 @@ def _pump(job, t0, timeout, printer: _Printer, done=None, deaths: DeathWatch | N
             if deaths is not None and now - watched > 0.1:
                 watched = now
                 deaths.poll()
+                for fd in deaths.take_new_fds():     # a rank's exit wakes the select below
+                    sel.register(fd, selectors.EVENT_READ, _DEATH)
             if timeout is not None and now - t0 > timeout:
                 return "timeout"
             if job.ended():
@@ -483,6 +490,10 @@ def _pump(job, t0, timeout, printer: _Printer, done=None, deaths: DeathWatch | N
             job.tick(printer)
             wait = 0.1 if timeout is None else max(0.0, min(0.1, t0 + timeout - now))
             for key, _ in sel.select(wait):
+                if key.data is _DEATH:             # a rank exited: when, and how (DeathWatch)
+                    sel.unregister(key.fileobj)
+                    deaths.poll()
+                    continue
                 if key.data is None:               # the pool agent's messages
                     if not job.message(printer, deaths):
                         sel.unregister(key.fileobj)
@@ -499,4 +510,7 @@ def _pump(job, t0, timeout, printer: _Printer, done=None, deaths: DeathWatch | N
     finally:
         sel.close()
         job.close_streams()
+        if deaths is not None:
+            deaths.poll()            # a rank that exited since the last look
+            deaths.close()
     return state

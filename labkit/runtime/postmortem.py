@@ -7,7 +7,11 @@ import json
 import os
 import re
 import signal
+import socket
 import time
+
+from labkit.runtime.dist import ENV_RUN_ID
+from labkit.runtime.guard import alive as proc_alive
 
 STACK_WAIT_SECONDS = 2.0     # how long a timeout waits for the ranks' stack dumps
 
@@ -100,26 +104,125 @@ def where(frames: list[tuple[str, int, str]]) -> tuple[str | None, str]:
     return collective, mine
 
 
-def dump_stacks(pids: dict[int, int], results_dir: str) -> dict[int, str]:
-    for pid in pids.values():
+def _stack_file(results_dir: str, r: int) -> str:
+    return os.path.join(results_dir, f"rank{r}.stack")
+
+
+def _file_size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def dump_stacks(pids: dict[int, int], results_dir: str,
+                wait: float = STACK_WAIT_SECONDS) -> dict[int, str]:
+    """Ask each rank (rank -> pid) for its Python stacks (SIGUSR1: faulthandler, registered by
+    labkit.runtime.dist._begin) and return rank -> what it wrote, waiting up to `wait` seconds.
+    Only what a rank writes after this call counts (its file may hold an earlier dump), and a
+    dump counts once it has stopped growing (faulthandler writes it in many small writes)."""
+    before = {r: _file_size(_stack_file(results_dir, r)) for r in pids}
+    asked = {}
+    for r, pid in pids.items():
         try:
             os.kill(pid, signal.SIGUSR1)
-        except ProcessLookupError:
+            asked[r] = pid
+        except (ProcessLookupError, PermissionError):
             pass
-    deadline = time.monotonic() + STACK_WAIT_SECONDS
+    deadline = time.monotonic() + wait
     stacks: dict[int, str] = {}
-    while time.monotonic() < deadline and len(stacks) < len(pids):
+    seen: dict[int, str] = {}
+    while time.monotonic() < deadline and len(stacks) < len(asked):
         time.sleep(0.1)
-        for r in pids:
+        for r, pid in asked.items():
+            if r in stacks:
+                continue
             try:
-                with open(os.path.join(results_dir, f"rank{r}.stack"), encoding="utf-8",
-                          errors="replace") as f:
-                    text = f.read()
+                with open(_stack_file(results_dir, r), "rb") as f:
+                    f.seek(before[r])
+                    text = f.read().decode("utf-8", "replace")
             except OSError:
                 continue
-            if "Current thread" in text and text.endswith("\n"):
+            if "Current thread" in text and text.endswith("\n") and seen.get(r) == text:
                 stacks[r] = text
+            seen[r] = text
+        if all(r in stacks or not proc_alive(pid) for r, pid in asked.items()):
+            break            # the others are gone: nothing more will come
+    for r in asked:          # a dump cut short by the deadline is still better than none
+        if r not in stacks and "Current thread" in seen.get(r, ""):
+            stacks[r] = seen[r]
     return stacks
+
+
+def read_stacks(results_dir: str) -> dict[int, str]:
+    """Every stack dump the ranks left in the run directory (rank -> text; the last dump in a
+    text is the latest: `main_thread_frames` reads that one)."""
+    stacks = {}
+    if not os.path.isdir(results_dir):
+        return stacks
+    for name in os.listdir(results_dir):
+        m = re.fullmatch(r"rank(\d+)\.stack", name)
+        if not m:
+            continue
+        try:
+            with open(os.path.join(results_dir, name), encoding="utf-8", errors="replace") as f:
+                text = f.read()
+        except OSError:
+            continue
+        if "Current thread" in text:
+            stacks[int(m.group(1))] = text
+    return stacks
+
+
+def _carries(pid: int, name: str, value: str) -> bool:
+    """Whether process `pid`'s environment holds name=value (True where there is no /proc)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f"{name}={value}".encode() in f.read().split(b"\0")
+    except FileNotFoundError:
+        return not os.path.isdir("/proc")
+    except OSError:
+        return False
+
+
+def dump_peer_stacks(results_dir: str, me: int, run_id: str | None = None,
+                     wait: float = STACK_WAIT_SECONDS) -> dict[int, str]:
+    """Called by a rank whose collective timed out, before it exits (labkit.runtime.bootstrap):
+    the stacks of its peers on this host that are still running (no error or exit record), so
+    that the launcher can say which rank never joined the collective. They must be asked now:
+    once this rank exits, the launcher's agent stops the others (SIGTERM) within a moment."""
+    host = socket.gethostname()
+    pids = {}
+    for r, recs in read_records(results_dir).items():
+        start = first_record(recs, "start")
+        if (r == me or not start or start.get("host") != host or first_record(recs, "error")
+                or first_record(recs, "exit")):
+            continue
+        pid = start["pid"]
+        if pid != os.getpid() and proc_alive(pid) and (
+                run_id is None or _carries(pid, ENV_RUN_ID, run_id)):
+            pids[r] = pid
+    return dump_stacks(pids, results_dir, wait) if pids else {}
+
+
+# What a rank raises when a collective waited longer than the process group's timeout (gloo:
+# "Timed out waiting 10000ms for recv operation to complete"; c10d: "... timed out ...").
+COLLECTIVE_TIMED_OUT = re.compile(r"timed out|timeout", re.I)
+_TB_FRAME = re.compile(r'^\s*File "(.+)", line (\d+), in (\S+)', re.M)
+
+
+def traceback_frames(tb: str) -> list[tuple[str, int, str]]:
+    """Frames (file, line, function) of a Python traceback's text, most recent first (as
+    `main_thread_frames` gives a faulthandler dump's)."""
+    return [(p, int(ln), fn) for p, ln, fn in _TB_FRAME.findall(tb or "")][::-1]
+
+
+def timed_out_collective(message: str | None, tb: str | None) -> str | None:
+    """The collective (e.g. "all_reduce") a rank gave up waiting in, when its exception is a
+    collective's timeout raised inside torch.distributed; else None."""
+    if not message or not COLLECTIVE_TIMED_OUT.search(message):
+        return None
+    return where(traceback_frames(tb or ""))[0]
 
 
 def hang_diagnosis(running: list[int], stacks: dict[int, str]) -> list[str]:

@@ -11,13 +11,15 @@ pids (`DeathWatch`) to know when each died.
 """
 from __future__ import annotations
 
+import os
 import re
 import signal
 import time
 
 from labkit.runtime.postmortem import (elastic_errors, exit_codes_from_summary, first_record,
                                        hang_diagnosis, is_plumbing, main_thread_frames,
-                                       ranks_text, read_records, short_path)
+                                       ranks_text, read_records, read_stacks, short_path,
+                                       timed_out_collective, traceback_frames, where)
 from labkit.runtime.results import LabError, LabResult, RankResult
 from labkit.runtime.teardown import proc_alive
 
@@ -36,22 +38,78 @@ SIGNAL_HINTS = {
 
 
 class DeathWatch:
-    """When each rank's process was first seen gone (the launcher polls it while it pumps
-    output; single node only: other nodes' pids are not ours to watch)."""
+    """When each rank's process was first seen gone, and how it ended where the launcher can
+    tell (the launcher polls it while it pumps output; single node only: other nodes' pids are
+    not ours to watch).
+
+    Under torchrun the ranks are not the launcher's children: their exit codes come from
+    torchrun's failure summary, which torchrun may fail to print. So each rank's pid is also
+    watched through a pidfd (`fds`: readable the moment the process exits, which _pump waits
+    on), and a rank seen as a zombie (exited, not yet reaped by torchrun, whose monitor looks
+    every 0.1 s) gives its exit status from /proc (`codes`)."""
 
     def __init__(self, results_dir: str):
         self.results_dir = results_dir
         self.pids: dict[int, int] = {}
         self.died: dict[int, float] = {}
+        self.codes: dict[int, int] = {}      # rank -> exit code (negative: signal), when seen
+        self.fds: dict[int, int] = {}        # pidfd -> rank (open until close())
+        self.new_fds: list[int] = []         # opened since the last take_new_fds()
 
     def poll(self) -> None:
         for r, recs in read_records(self.results_dir).items():
             if r not in self.pids and (start := first_record(recs, "start")):
                 self.pids[r] = start["pid"]
+                self._open(r, start["pid"])
         now = time.time()
         for r, pid in self.pids.items():
-            if r not in self.died and not proc_alive(pid):
+            if r in self.died:
+                continue
+            code = zombie_exit_code(pid)
+            if code is not None or not proc_alive(pid):
                 self.died[r] = now
+                if code is not None:
+                    self.codes.setdefault(r, code)
+
+    def _open(self, r: int, pid: int) -> None:
+        if not hasattr(os, "pidfd_open"):
+            return
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:             # already gone (and reaped), or not ours to watch
+            return
+        self.fds[fd] = r
+        self.new_fds.append(fd)
+
+    def take_new_fds(self) -> list[int]:
+        fds, self.new_fds = self.new_fds, []
+        return fds
+
+    def close(self) -> None:
+        """Close the pidfds (after the selector that waited on them is closed)."""
+        for fd in self.fds:
+            os.close(fd)
+        self.fds.clear()
+        self.new_fds.clear()
+
+
+def zombie_exit_code(pid: int) -> int | None:
+    """The exit code (negative: the signal) of a process that has exited but not yet been
+    reaped by its parent, from /proc/PID/stat's exit_code field (Linux 3.5+); None while it
+    runs, once it is reaped, or where the field says nothing (0: an unprivileged reader sees 0,
+    and a rank that exits 0 has left an exit record anyway)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if len(fields) < 50 or fields[0] != b"Z":
+        return None
+    try:
+        status = int(fields[49])
+        return os.waitstatus_to_exitcode(status) if status else None
+    except ValueError:
+        return None
 
 
 def how_it_ended(code: int) -> str:
@@ -63,14 +121,20 @@ def how_it_ended(code: int) -> str:
 
 
 def collect(target, nproc, results_dir, log_dir, returncode, wall, output, agent_log, run_id,
-            timed_out, timeout, stacks, died=None, exit_codes=None, launcher="torchrun"):
+            timed_out, timeout, stacks, died=None, exit_codes=None, launcher="torchrun",
+            seen_codes=None):
     """Build the LabResult and, when the lab failed, the LabError to raise. died: rank -> time
     (time.time()) its process was first seen gone, from a DeathWatch. exit_codes: rank -> exit
     code (negative: the signal) where the launcher knows them (the pool's agent reaps the
-    ranks); else read from torchrun's failure summary."""
+    ranks); else read from torchrun's failure summary, and where that does not give one (it
+    may be missing: torchrun can crash before printing it), from seen_codes (what a DeathWatch
+    read of the exited ranks)."""
     died = died or {}
     records = read_records(results_dir)
-    summary_codes = exit_codes_from_summary(agent_log) if exit_codes is None else exit_codes
+    if exit_codes is None:
+        summary_codes = {**(seen_codes or {}), **exit_codes_from_summary(agent_log)}
+    else:
+        summary_codes = exit_codes
     world = max([nproc] + [s["world_size"] for recs in records.values()
                            if (s := first_record(recs, "start"))])
     end = time.time()
@@ -96,7 +160,7 @@ def collect(target, nproc, results_dir, log_dir, returncode, wall, output, agent
     if result.ok:
         return result, None
     return result, _failure(name, result, records, log_dir, returncode, output, agent_log, died,
-                            launcher)
+                            launcher, read_stacks(results_dir))
 
 
 def _timeout_error(name, result, records, timeout, stacks) -> LabError:
@@ -125,8 +189,41 @@ def _silent_deaths(result, records, died) -> list[RankResult]:
     return sorted(out, key=lambda rr: (died.get(rr.rank, float("inf")), rr.rank))
 
 
+def _never_joined(result, records, stacks, errored) -> tuple[list[int], list[str]]:
+    """After a rank gave up waiting in a collective: the ranks that were not in any collective
+    when it asked where they were (their stack dumps: labkit.runtime.bootstrap), and one line
+    per rank that dumped its stack saying where it was."""
+    absent, lines = [], []
+    for rr in result.ranks:
+        r = rr.rank
+        if r in errored or r not in stacks or first_record(records.get(r, []), "exit"):
+            continue
+        frames = main_thread_frames(stacks[r])
+        if not frames:
+            continue
+        collective, mine = where(frames)
+        if collective:
+            lines.append(f"rank {r} waits in {collective} ({mine})")
+        else:
+            absent.append(r)
+            lines.append(f"rank {r} is not in a collective: it is at {mine}")
+    return absent, lines
+
+
+def _unreported_deaths(result, records, died) -> list[RankResult]:
+    """Ranks seen gone whose exit code nobody reported and that left no error or exit record,
+    earliest seen first (then by rank). One stopped by the launcher after another failed looks
+    the same, so only the first is a suspect, and only where no other evidence names one."""
+    out = [rr for rr in result.ranks
+           if rr.exit_code is None and rr.rank in died
+           and first_record(records.get(rr.rank, []), "start")
+           and not first_record(records.get(rr.rank, []), "error")
+           and not first_record(records.get(rr.rank, []), "exit")]
+    return sorted(out, key=lambda rr: (died[rr.rank], rr.rank))
+
+
 def _failure(name, result, records, log_dir, returncode, output, agent_log, died,
-             launcher="torchrun") -> LabError:
+             launcher="torchrun", stacks=None) -> LabError:
     launcher = "the pool launcher" if launcher == "pool" else launcher
     errors = sorted(({**rec, "rank": r} for r, recs in records.items() for rec in recs
                      if rec["kind"] == "error"), key=lambda e: e["time"])
@@ -134,16 +231,27 @@ def _failure(name, result, records, log_dir, returncode, output, agent_log, died
         errors = elastic_errors(log_dir)
     real = [e for e in errors if not PEER_LOST.search(e.get("message") or "")]
     silent = _silent_deaths(result, records, died)
+    if not silent and result.launcher != "pool":
+        # torchrun said nothing of the exit codes (and the DeathWatch missed them): the rank
+        # seen gone first without a record of how it ended is the one whose peers lost it
+        silent = _unreported_deaths(result, records, died)[:1]
     culprit = silent[0] if silent else None
     if culprit is not None and real and died.get(culprit.rank, float("inf")) > real[0]["time"]:
         culprit = None          # a real exception came first; the silent death followed it
     others: list[str] = []
     exc_type = exc_msg = tb = None
+    diagnosed = False          # a collective's timeout whose absent rank is named
     if culprit is not None:
         rank = culprit.rank
-        reason = "signal" if culprit.exit_code < 0 else "exit"
-        head = f"lab {name} failed: rank {rank} {how_it_ended(culprit.exit_code)}"
-        if culprit.exit_code > 0:
+        if culprit.exit_code is None:
+            reason = "exit"
+            head = (f"lab {name} failed: rank {rank} ended without raising a Python exception "
+                    f"(os._exit, a signal, or a crash in native code; {launcher} did not report "
+                    "its exit code)")
+        else:
+            reason = "signal" if culprit.exit_code < 0 else "exit"
+            head = f"lab {name} failed: rank {rank} {how_it_ended(culprit.exit_code)}"
+        if culprit.exit_code is not None and culprit.exit_code > 0:
             head += " without raising a Python exception (os._exit, or a crash in native code)"
         said = [o for o in output if o.startswith(f"[rank {rank}] ")][-5:]
         others += (["its last output:"] + [f"  {o}" for o in said]) if said else []
@@ -165,6 +273,23 @@ def _failure(name, result, records, log_dir, returncode, output, agent_log, died
             others = (["its last output:"] + [f"  {o}" for o in said]) if said else []
             reason, tb = "exit", None
         else:
+            waited = timed_out_collective(exc_msg, tb) if len(result.ranks) > 1 else None
+            if waited:
+                # A collective's timeout: the rank that never joined it is the cause, and the
+                # one that gave up waiting only its messenger; name the former first, as the
+                # launcher's own timeout does (postmortem.hang_diagnosis).
+                absent, where_lines = _never_joined(result, records, stacks or {},
+                                                    {e["rank"] for e in errors})
+                if absent:
+                    diagnosed = True
+                    _, mine = where(traceback_frames(tb))
+                    they = f"rank{'s' if len(absent) > 1 else ''} {ranks_text(absent)}"
+                    head = (f"lab {name} failed: {they} never joined the {waited} that rank "
+                            f"{rank} waited in; rank {rank} gave up after its collective "
+                            f"timeout and raised {exc_type}: {_short(exc_msg.splitlines()[0])}")
+                    others += where_lines
+                    others.append(f"rank {rank} waits in {waited} ({mine}): {they} never "
+                                  "joined it")
             for e in errors:
                 if e is not first:
                     others.append(f"rank {e['rank']} then raised {e['exc_type']}: "
@@ -187,7 +312,7 @@ def _failure(name, result, records, log_dir, returncode, output, agent_log, died
         others.append(f"rank{'s' if len(stopped) > 1 else ''} {ranks_text(stopped)} "
                       f"stopped by {launcher} after rank {rank} failed")
     if (exc_msg and re.search(r"timed out|timeout", exc_msg, re.I)
-            and len(result.ranks) > 1):
+            and len(result.ranks) > 1 and not diagnosed):
         others.append(f"hint: rank {rank} gave up waiting in a collective; a rank that never "
                       "joined it is the usual cause. With the collective timeout above the "
                       "launcher's (the default under run_lab) the launcher reports where every "

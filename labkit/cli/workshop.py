@@ -4,13 +4,11 @@ budget, and the learners' copy of the course.
     labkit workshop check                     # every check, one run of each lab program
     labkit workshop check --quick             # the machine, GPUs and 3 short labs (~30 s on CPU)
     labkit workshop check --labs all --json > $(hostname).json   # or --labs ddp,05,ddp:compare
-    labkit workshop budget --learners 30 --gpus-per-learner 4 --times room/gpu-node.json \\
-        --repeats 2 --session-hours 6 --price 2.5
+    labkit workshop budget --learners 30 --gpus-per-learner 4 --times room/gpu-node.json
     labkit workshop handout ../learner-handout    # the course without solutions/ (nor answers)
 
-`check` exits 0 ready, 1 not ready, 2 bad arguments; `budget` counts GPU-hours; `handout DIR`
-writes the course without solutions/, tests/, git history or reference answers (graded with
-`labkit grade --reference COURSE NOTEBOOK`). docs/runtime.md, ### workshop.
+`check` exits 0 ready, 1 not ready, 2 bad arguments; `handout DIR` writes the course without
+solutions/, tests/, git history or reference answers (`labkit grade --reference`): docs/runtime.md.
 """
 from __future__ import annotations
 

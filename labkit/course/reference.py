@@ -331,9 +331,13 @@ def problem_kind(reason) -> str | None:
 def by_kind(fn):
     """`fn` (a layout_problem: the learner's or the reference) returning only the kind of its
     reason, which the check compares (the words after it are free)."""
-    @functools.wraps(fn)
     def kind(*args, **kwargs):
         return problem_kind(fn(*args, **kwargs))
+    # its name and doc, not functools.wraps: `__wrapped__` would hand out `fn` (a guarded
+    # reference's original, labkit.course.forbid)
+    for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
+        if hasattr(fn, attr):
+            setattr(kind, attr, getattr(fn, attr))
     return kind
 
 

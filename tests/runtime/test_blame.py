@@ -15,7 +15,6 @@ import re
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -23,23 +22,11 @@ import pytest
 from labkit.runtime import verdict
 from labkit.runtime.launch import LabError, run_lab
 from labkit.runtime.postmortem import dump_peer_stacks, timed_out_collective
-from proctools import MARK, processes_marked
+from proctools import MARK
 
 LABS = Path(__file__).resolve().parents[1] / "fixtures" / "labs"
 EXIT_LAB = LABS / "exit_in_barrier.py"
 RUNS = 4          # each end-to-end case: a race that loses 1 run in 10 fails here 1 time in 3
-
-
-@pytest.fixture(params=["pool", "torchrun"])
-def launcher(request):
-    return request.param
-
-
-@pytest.fixture
-def mark():
-    value = uuid.uuid4().hex
-    yield value
-    assert processes_marked(value) == [], "processes of the lab survived it"
 
 
 def _assert_blames_the_exit(err: LabError, launcher: str) -> None:

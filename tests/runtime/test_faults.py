@@ -12,29 +12,16 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from labkit.runtime.launch import LabError, run_lab
-from proctools import MARK, processes_marked
+from proctools import MARK
 
 LABS = Path(__file__).resolve().parents[1] / "fixtures" / "labs"
 
 pytestmark = pytest.mark.multirank
-
-
-@pytest.fixture(params=["pool", "torchrun"])
-def launcher(request):
-    return request.param
-
-
-@pytest.fixture
-def mark():
-    value = uuid.uuid4().hex
-    yield value
-    assert processes_marked(value) == [], "processes of the lab survived it"
 
 
 def test_raising_rank_names_rank_type_message_and_traceback(launcher, mark):

@@ -93,9 +93,6 @@ def end_kernel(km, how: str) -> None:
         raise ValueError(how)
 
 
-@pytest.fixture(params=["pool", "torchrun"])
-def launcher(request):
-    return request.param
 
 
 @pytest.mark.parametrize("how", ["restart", "shutdown", "kill -9"])

@@ -10,6 +10,7 @@ import ast
 import contextlib
 import importlib.util
 import inspect
+import json
 import linecache
 import os
 import sys
@@ -94,13 +95,77 @@ def export_function(fn, directory: str | None = None) -> str:
     return path
 
 
+# Set by the grading kernel (rank_guard) for the ranks of a lab that checks an answer: the names
+# (JSON) the learner's code may not call there, and the module that guards them (the grader's
+# labkit.course.forbid: named, not imported here, as labs sit below the course layer).
+RANK_FORBID = "LABKIT_RANK_FORBID"
+RANK_GUARD = "LABKIT_RANK_GUARD"
+
+
 def load_source(source: str, func: str):
+    """`func` of the file `source` (the learner's, exported). While grading (RANK_FORBID set),
+    what the exercise may not call is guarded in this rank before the file runs, and a class of
+    it that subclasses or borrows from it is refused: then `func` is a function that raises
+    that ForbiddenCall, for the lab to report where it calls the learner's code."""
+    names = os.environ.get(RANK_FORBID)
+    forbid = None
+    if names:
+        forbid = importlib.import_module(os.environ[RANK_GUARD])
+        forbid.install_ranks(json.loads(names), source, func)
     spec = importlib.util.spec_from_file_location("user_collective", source)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+        if forbid is not None:
+            forbid.refuse_borrowed(module)
+    except Exception as exc:
+        if forbid is None or not isinstance(exc, forbid.ForbiddenCall):
+            raise
+        refusal = exc
+
+        def refused(*args, **kwargs):   # raised where the lab calls it, which it reports
+            raise refusal
+        return refused
     if not hasattr(module, func):
         raise SystemExit(f"{source} defines no function {func!r}")
     return getattr(module, func)
+
+
+def rank_guard(*objs) -> tuple[dict, str | None]:
+    """In the grading kernel, for the learner's `objs` (the one checked first) about to be run on
+    ranks: (run_lab's env= that guards the ranks, the exercise they answer); ({}, None) when
+    nothing is graded (labkit.course.forbid.rank_plan)."""
+    forbid = sys.modules.get("labkit.course.forbid")
+    plan = forbid.rank_plan(objs) if forbid is not None else None
+    if plan is None:
+        return {}, None
+    exercise, names = plan
+    return {RANK_FORBID: json.dumps(names), RANK_GUARD: forbid.__name__}, exercise
+
+
+def note_refusal(out: dict) -> None:
+    """In a rank, before it reports `out`: the guard's first refusal (even one the learner's
+    code caught) becomes its error (and "refused", where the lab has one), and "forbidden" for
+    the grading kernel (remember_refusal)."""
+    forbid = sys.modules.get("labkit.course.forbid")
+    message = forbid.rank_refusal() if forbid is not None and os.environ.get(RANK_FORBID) else ""
+    if message:
+        out["error"] = out["forbidden"] = message
+        if "refused" in out:
+            out["refused"] = message
+
+
+def remember_refusal(res, exercise: str | None) -> None:
+    """In the grading kernel, after the lab: a rank's refusal is the exercise's (its status is
+    "refused", as for a refusal in the kernel)."""
+    if exercise is None:
+        return
+    results = getattr(res, "results", None) or []
+    for result in (results.values() if isinstance(results, dict) else results):
+        message = result.get("forbidden") if isinstance(result, dict) else None
+        if message:
+            sys.modules["labkit.course.forbid"].note(exercise, message)
+            return
 
 
 class Refused(Exception):
@@ -174,13 +239,16 @@ def run_exported(obj, lab: str, nproc: int, timeout: float, quiet: bool, args: l
     cause for this exercise."""
     from labkit.runtime.launch import LabError, run_lab
 
+    env, exercise = rank_guard(obj)
     with tempfile.TemporaryDirectory(prefix="labkit-user-") as tmp:
         path = f"{tmp}/user_{obj.__name__}.py"
         with open(path, "w", encoding="utf-8") as f:
             f.write(definition_source(obj))
         try:
-            return run_lab(lab, nproc=nproc, timeout=timeout, quiet=quiet,
-                           args=["--source", path, "--name", obj.__name__, *args])
+            res = run_lab(lab, nproc=nproc, timeout=timeout, quiet=quiet, env=env,
+                          args=["--source", path, "--name", obj.__name__, *args])
+            remember_refusal(res, exercise)
+            return res
         except LabError as exc:
             if exc.reason != "timeout":
                 raise

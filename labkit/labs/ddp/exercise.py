@@ -234,6 +234,7 @@ def main(argv=None) -> None:
         (_wrapper_task if args.task == "wrapper" else _accumulate_task)(user, args, ctx, out)
     except Exception as exc:  # noqa: BLE001 - the learner's code may raise anything
         out["error"] = f"your {args.name} raised {where_raised(exc, args.source)}"
+    shared.note_refusal(out)         # the rank guard's (labkit.course.forbid), if any
     dist.report(**out)
     dist.print0(f"{args.name} ({args.task}) on {ctx.world_size} ranks: "
                 f"{'raised' if out['error'] else 'ran'}")

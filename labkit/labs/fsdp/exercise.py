@@ -234,6 +234,7 @@ def main(argv=None) -> None:
     except Exception as exc:  # noqa: BLE001 - the learner's code may raise anything
         who = " / ".join(n for n in (args.name, args.load_name) if n) or "policy"
         out["error"] = f"your {who} raised {where_raised(exc, args.source)}"
+    shared.note_refusal(out)         # the rank guard's (labkit.course.forbid), if any
     dist.report(**out)
     dist.print0(f"{args.task} on {ctx.world_size} ranks: {'raised' if out['error'] else 'ran'}")
     dist.shutdown()

@@ -144,6 +144,7 @@ def main(argv=None) -> None:
         _2d_task(shared.load_source(args.source, args.name), ctx, out)
     except Exception as exc:  # noqa: BLE001 - the learner's code may raise anything
         out["error"] = f"your {args.name} raised {where_raised(exc, args.source)}"
+    shared.note_refusal(out)         # the rank guard's (labkit.course.forbid), if any
     dist.report(**out)
     dist.print0(f"2D on {ctx.world_size} ranks: {'raised' if out['error'] else 'ran'}")
     dist.shutdown()

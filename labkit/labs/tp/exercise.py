@@ -120,13 +120,16 @@ def _launch(obj, uses, nproc, timeout, quiet, args, hang):
     from labkit.runtime.launch import LabError, run_lab
 
     sources = dict.fromkeys(exported_source(o) for o in (*uses, obj))
+    env, exercise = shared.rank_guard(obj, *uses)
     with tempfile.TemporaryDirectory(prefix="labkit-user-") as tmp:
         path = os.path.join(tmp, f"user_{obj.__name__}.py")
         with open(path, "w", encoding="utf-8") as f:
             f.write("\n\n".join(sources))
         try:
-            return run_lab("labkit.labs.tp.exercise", nproc=nproc, timeout=timeout, quiet=quiet,
-                           args=["--source", path, "--name", obj.__name__, *args])
+            res = run_lab("labkit.labs.tp.exercise", nproc=nproc, timeout=timeout, quiet=quiet,
+                          env=env, args=["--source", path, "--name", obj.__name__, *args])
+            shared.remember_refusal(res, exercise)
+            return res
         except LabError as exc:
             if exc.reason == "timeout":
                 exc.args = (f"{obj.__name__} did not finish within {timeout:.0f} s on {nproc} "
@@ -280,6 +283,7 @@ def main(argv=None) -> None:
     except Exception as exc:  # noqa: BLE001 - the learner's code may raise anything
         who = " / ".join(n for n in (args.name, args.g_name) if n)
         out["error"] = f"your {who} raised {where_raised(exc, args.source)}"
+    shared.note_refusal(out)         # the rank guard's (labkit.course.forbid), if any
     dist.report(**out)
     dist.print0(f"{args.task} on {ctx.world_size} ranks: {'raised' if out['error'] else 'ran'}")
     dist.shutdown()

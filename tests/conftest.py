@@ -3,6 +3,7 @@ cleanly without CUDA; fixture notebooks are data, never collected by nbval."""
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 
 import pytest
@@ -45,3 +46,19 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return ROOT
+
+
+@pytest.fixture(params=["pool", "torchrun"])
+def launcher(request):
+    """Each test that takes it runs once per lab launcher."""
+    return request.param
+
+
+@pytest.fixture
+def mark():
+    """A fresh mark for a test's processes (proctools.MARK); none may be alive when it ends."""
+    from proctools import processes_marked
+
+    value = uuid.uuid4().hex
+    yield value
+    assert processes_marked(value) == [], "processes of the lab survived it"

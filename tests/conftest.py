@@ -24,6 +24,9 @@ except ImportError:  # hypothesis is a dev extra
 
 # Ranks started by tests share 2 cores: one thread each keeps them from fighting.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The grader's judges (expected values from a run of the solutions, labkit.course.judge) are
+# kept per template and labkit in the test session's cache, shared by its workers.
+os.environ.setdefault("LABKIT_JUDGE_CACHE", str(ROOT / ".pytest_cache" / "labkit-judge"))
 
 
 def _has_cuda() -> bool:

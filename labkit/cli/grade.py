@@ -59,7 +59,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         report = grade_notebook(args.notebook, template=args.template, timeout=args.timeout,
                                 reference=getattr(args, "reference", None), on_start=on_start,
-                                on_check=lambda check: show(started[0].check_lines(check)))
+                                on_check=lambda check: show(started[0].check_lines(check)),
+                                on_judge=lambda: show([
+                                    "  computing the expected values: running the solutions "
+                                    "once (kept for the next grades) ..."]))
     except GradeInputError as exc:
         print(f"labkit grade: {exc}", file=sys.stderr)
         return 2

@@ -223,10 +223,17 @@ def _learner_frame(frame):
     return frame
 
 
+def _names(code, name: str) -> bool:
+    """Whether `code` names the function (or its class) that `name` dots to: its own call, as
+    opposed to calling a callable it was handed (torch's Module.apply, numpy.vectorize)."""
+    return bool(set(name.split(".")[-2:]) & set(code.co_names))
+
+
 def _police(name: str, frame) -> None:
     """Refuse the call of the forbidden `name` from `frame` (its caller) when it is the
-    learner's. In the grading kernel: the caller, Python's own library (functools, ...) and the
-    modules the exercise forbids whole passing the call on, is an exercise cell's code. In a
+    learner's. In the grading kernel: the caller, Python's own library (functools, ...), the
+    modules the exercise forbids whole and code that calls what it was handed (a callback: it
+    does not name the function) passing the call on, is an exercise cell's code. In a
     rank (install_ranks): the learner's code is anywhere on the stack, or started this thread."""
     if _RANKS:
         f = _learner_frame(frame)
@@ -242,9 +249,9 @@ def _police(name: str, frame) -> None:
             break
         if filename in _WHOLE_ANY:
             skipped.append(filename)
-        elif not _library(filename):
-            return                      # labkit, torch or a check calls it: allowed
-        f = f.f_back
+        elif not _library(filename) and _names(f.f_code, name):
+            return                      # labkit, torch or a check calls it by name: allowed
+        f = f.f_back                    # ... else it calls what it was handed: whose is it?
     if f is None:
         return
     exercise = _LEARNER[f.f_code.co_filename]
@@ -470,8 +477,8 @@ def install(plan: dict, protected=()) -> None:
     classes and methods it and its loaded submodules define). A guard keeps the original's
     name, doc and signature but not the original (no ``__wrapped__``; see `_vault`), and
     modules that imported a guarded function by name get the guard. "Directly": the caller, or
-    the first caller outside Python's own library (functools, ...) and the modules the exercise
-    forbids whole. Code that the learner's runs on ranks (labkit.labs) is guarded there by
+    the first caller outside Python's own library (functools, ...), the modules the exercise
+    forbids whole and code that only calls what it was handed (`_names`). Code that the learner's runs on ranks (labkit.labs) is guarded there by
     `install_ranks`, with the list `rank_plan` gives."""
     for exercise, names in plan.items():
         _PLAN[exercise] = set(names)

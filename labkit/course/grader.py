@@ -16,11 +16,12 @@ import copy
 import hashlib
 import json
 import re
+import tempfile
 import time
 from pathlib import Path
 
 from labkit.course import exercises as ex_mod
-from labkit.course import forbid, seal
+from labkit.course import forbid, judge as judge_mod, seal
 from labkit.course.exercises import NotebookFormatError
 from labkit.course.kernel import CELL_OUTPUT_LIMIT, KILL_GRACE, CellRun, KernelStartError, execute
 from labkit.course.learner import (GradeInputError, is_exercise_cell, learner_sources,  # noqa: F401
@@ -278,9 +279,12 @@ def _exercise_result(e, run: CellRun, missing: bool, timeout: float, trips: dict
 
 
 def _check_result(c, run: CellRun, exercise: ExerciseResult | None, timeout: float,
-                  stopped: str, done=frozenset()) -> CheckResult:
-    """The check's verdict: it passes only when its cell's reply said "ok", it showed no error
-    and the kernel recorded that its code ran to its end (`done`, labkit.course.seal)."""
+                  stopped: str, done=frozenset(), judge=None) -> CheckResult:
+    """The check's verdict, decided here from what the check cell recorded (labkit.course.verdict)
+    against the judge's expected values (labkit.course.judge; None: the cell's own records,
+    when the answers graded are the solutions' own). It passes when every record passes, as
+    many as the judge's, its cell's reply said "ok", it showed no error, the kernel recorded
+    that its code ran to its end (`done`, labkit.course.seal) and its exercise ran."""
     def fail(message):
         return CheckResult(c.name, c.exercise, False, message, run.seconds)
 
@@ -298,6 +302,11 @@ def _check_result(c, run: CellRun, exercise: ExerciseResult | None, timeout: flo
         return fail(f"not run: {stopped}")
     if run.timed_out:
         return fail(f"the check ran longer than {timeout:g} s and was interrupted")
+    judged = run.records if judge is None else judge.records.get(c.index, [])
+    message = (judge_mod.first_failure(run.records, judged) if judge is None
+               else judge.message(c.index, run.records))
+    if message:
+        return fail(message)
     if run.error:
         ename, evalue = run.error["ename"], run.error["evalue"]
         if ename in ("GradingError", "ForbiddenCall"):
@@ -313,7 +322,7 @@ def _check_result(c, run: CellRun, exercise: ExerciseResult | None, timeout: flo
         elif ename == "AssertionError" and not evalue:
             msg = "the check's assertion failed:\n" + run.error["traceback"]
         return fail(msg)
-    if run.status != "ok" or c.index not in done:
+    if run.status != "ok" or c.index not in done or len(run.records) < len(judged):
         return fail("the check did not report its result (it did not run to its end): does "
                     "your code change how the kernel runs cells or reports errors, e.g. "
                     "get_ipython().set_custom_exc(...)? Answers may not")
@@ -323,8 +332,8 @@ def _check_result(c, run: CellRun, exercise: ExerciseResult | None, timeout: flo
 class _Progress:
     """Turns cell runs into exercise and check results as the cells finish."""
 
-    def __init__(self, lay, sources, timeout, report, on_check):
-        self.lay, self.sources, self.timeout = lay, sources, timeout
+    def __init__(self, lay, sources, timeout, report, on_check, judge=None):
+        self.lay, self.sources, self.timeout, self.judge = lay, sources, timeout, judge
         self.report, self.on_check = report, on_check
         self.runs: dict[int, CellRun] = {}
         self.trips: dict[str, str] = {}
@@ -369,7 +378,8 @@ class _Progress:
             exercise = self._exercise(e)
             if exercise is None:
                 return      # its exercise comes later in the notebook: decided at the end
-        result = _check_result(c, run, exercise, self.timeout, self.stopped, self.done)
+        result = _check_result(c, run, exercise, self.timeout, self.stopped, self.done,
+                               self.judge)
         now = time.monotonic()
         result.seconds, self.last = now - self.last, now
         self.checks[c.name] = result
@@ -409,6 +419,8 @@ def _guards(lay, template_nb, graded, path: Path, template: Path) -> dict[int, l
     protected = {str(template.parent.resolve())} | {str(d) for d in _solutions_dirs(path)}
     if any(path.resolve().is_relative_to(d) for d in protected):
         protected = set()      # a solutions notebook handed in as the learner's: nothing to hide
+    else:
+        protected.add(str(judge_mod.cache_dir().resolve()))    # expected values, kept
     first = next(i for i, c in enumerate(graded.cells) if c.cell_type == "code")
     answers = {e.index for e in lay.exercises}
     learner = set().union(*(seal.bound_names(template_nb.cells[i].source) for i in answers))
@@ -422,14 +434,52 @@ def _guards(lay, template_nb, graded, path: Path, template: Path) -> dict[int, l
     return before
 
 
-def sealed(graded, lay: ex_mod.Layout):
-    """`graded` with every code cell that is not an exercise run through labkit.course.seal."""
+# Where a check's call takes its expected value: (position, keyword) of the argument. In the
+# learner's kernel that argument becomes grading.JUDGED: the expected value is never computed
+# there, the grader decides with the judge's (labkit.course.judge).
+_EXPECTED_ARGUMENT = {"check_equal": (2, "expected"), "check_close": (2, "expected"),
+                      "check_int": (2, "expected"), "check_tensor_close": (2, "expected"),
+                      "check_callable": (3, "reference"), "check_with_mistakes": (3, "reference"),
+                      "check_raises": (None, "reference")}
+_JUDGED = "__import__('labkit.course.grading', fromlist=['grading']).JUDGED"
+
+
+def judged_source(source: str) -> str:
+    """A check cell's source with each check's expected value swapped for grading.JUDGED (the
+    source itself when it has no such call, or is not plain Python)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return source
+    marker = ast.parse(_JUDGED, mode="eval").body
+    changed = False
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if name not in _EXPECTED_ARGUMENT:
+            continue
+        position, keyword = _EXPECTED_ARGUMENT[name]
+        for kw in node.keywords:
+            if kw.arg == keyword:
+                kw.value, changed = copy.deepcopy(marker), True
+        if position is not None and len(node.args) > position and not any(
+                isinstance(a, ast.Starred) for a in node.args[:position + 1]):
+            node.args[position], changed = copy.deepcopy(marker), True
+    return ast.unparse(ast.fix_missing_locations(tree)) if changed else source
+
+
+def sealed(graded, lay: ex_mod.Layout, judged: bool = True):
+    """`graded` with every code cell that is not an exercise run through labkit.course.seal;
+    `judged`: the checks' expected values left to the grader (`judged_source`)."""
     nb = copy.deepcopy(graded)
     answers = {e.index for e in lay.exercises}
     checks = {c.index for c in lay.checks}
     for i, cell in enumerate(nb.cells):
         if cell.cell_type == "code" and i not in answers and cell.source.strip():
-            cell.source = f"{_SEAL}.run({i}, {cell.source!r}, check={i in checks})"
+            source = judged_source(cell.source) if judged and i in checks else cell.source
+            cell.source = f"{_SEAL}.run({i}, {source!r}, check={i in checks})"
     return nb
 
 
@@ -445,10 +495,33 @@ def _template_note(path: Path, digest: str) -> list[str]:
             f"code did that, restore it: git checkout -- {_shown(path)}"]
 
 
+def _judge(name, template_nb, lay, template: Path, timeout, grace, on_judge):
+    """The expected values of `template`'s checks: cached, else from a run of the solutions
+    in a kernel of their own (in a scratch directory), kept when every check passed."""
+    found = judge_mod.load(name)
+    if found is not None:
+        return found
+    if on_judge:
+        on_judge()
+    own = {e.id: template_nb.cells[e.index].source for e in lay.exercises}
+    solutions = build_graded_notebook(template_nb, lay, own)
+    with tempfile.TemporaryDirectory(prefix="labkit-judge-") as scratch:
+        try:
+            runs = execute(sealed(solutions, lay, judged=False), timeout=timeout,
+                           cwd=Path(scratch),
+                           before=_guards(lay, template_nb, solutions, template, template),
+                           probe=None, grace=grace)
+        except KernelStartError as exc:
+            raise GradeInputError(str(exc)) from exc
+    judge = judge_mod.from_runs(lay.checks, runs)
+    judge_mod.save(name, judge)
+    return judge
+
+
 def grade_notebook(path: Path | str, template: Path | str | None = None, *,
                    timeout: float = DEFAULT_TIMEOUT, cwd: Path | str | None = None,
                    on_start=None, on_check=None, grace: float = KILL_GRACE,
-                   reference: Path | str | None = None) -> GradeReport:
+                   reference: Path | str | None = None, on_judge=None) -> GradeReport:
     """Grade the learner notebook at `path`; raises GradeInputError for input it cannot grade.
 
     reference: the instructor's copy of the course (``labkit grade --reference DIR``): the
@@ -459,6 +532,8 @@ def grade_notebook(path: Path | str, template: Path | str | None = None, *,
 
     on_start(report): called once the template is known, before the kernel starts.
     on_check(check_result): called for each check as soon as it is decided.
+    on_judge(): called before the solutions run to compute the expected values (once per
+    template and labkit: labkit.course.judge).
 
     Nothing in the learner's file is trusted but the source of its exercise cells:
 
@@ -516,16 +591,24 @@ def grade_notebook(path: Path | str, template: Path | str | None = None, *,
                          names=[c.name for c in lay.checks], notes=notes)
     if on_start:
         on_start(report)
-    progress = _Progress(lay, sources, timeout, report, on_check)
     start = time.monotonic()
+    # The answers are the solutions' own: this run is also the judge's. Else the judge's
+    # expected values come from the cache or a run of the solutions (labkit.course.judge).
+    own = not refused and all(sources.get(e.id) == template_nb.cells[e.index].source
+                              for e in lay.exercises)
+    name = judge_mod.key(digest)
+    judge = None if own else _judge(name, template_nb, lay, template_path, timeout, grace, on_judge)
+    progress = _Progress(lay, sources, timeout, report, on_check, judge)
     try:
-        runs = execute(sealed(graded, lay), timeout=timeout,
+        runs = execute(sealed(graded, lay, judged=not own), timeout=timeout,
                        cwd=Path(cwd) if cwd else path.resolve().parent,
                        before=_guards(lay, template_nb, graded, path, template_path),
                        probe=f"{_SEAL}.status()", on_cell=progress.cell_done, grace=grace)
     except KernelStartError as exc:
         raise GradeInputError(str(exc)) from exc
     progress.finish(runs)
+    if own:
+        judge_mod.save(name, judge_mod.from_runs(lay.checks, runs))
     report.notes += _template_note(template_path, digest)
     report.seconds = time.monotonic() - start
     return report

@@ -28,6 +28,8 @@ __all__ = [
     "check_raises",
     "check_tensor_close",
     "format_value",
+    "JUDGED",
+    "decide",
 ]
 
 NOT_ATTEMPTED = "exercise not attempted yet"
@@ -241,18 +243,62 @@ def _passed(name: str, detail: str = "") -> None:
 
 
 # --------------------------------------------------------------------------------------- checks
+# Each check is two halves: what it *received* (plain values, copied in the kernel that runs
+# the answer) and the decision (`_decide_*`, plain values in, GradingError out). In a grading
+# kernel (labkit.course.grader) a check also records what it received (`_record`), and where
+# the grader took its expected value out of the kernel (`JUDGED`), records only: the grader
+# decides, in its own process, against the expected values of a run of the solutions
+# (labkit.course.verdict).
+
+class _Judged:
+    def __repr__(self) -> str:
+        return "<expected value: decided by the grader>"
+
+
+JUDGED = _Judged()          # an expected value that only the grader's process holds
+_GRADE_RUN = "LABKIT_GRADE_RUN"     # labkit.course.kernel.ENV_GRADE_RUN: set in grading kernels
+
+
+def _record(kind: str, name: str, expected=None, **fields) -> bool:
+    """In a grading kernel, publish what this check received (labkit.course.verdict.MIME);
+    True when the expected value is the grader's (`JUDGED`): nothing to decide here."""
+    import os
+
+    judged = expected is JUDGED
+    if os.environ.get(_GRADE_RUN):
+        try:
+            from IPython import get_ipython
+
+            shell = get_ipython()
+        except ImportError:
+            shell = None
+        if shell is not None:
+            from labkit.course import verdict
+
+            record = {"kind": kind, "name": name}
+            if not judged:
+                fields["expected"] = expected
+            for key, value in fields.items():
+                record[key] = verdict.encode(value if key in ("calls", "results") else
+                                             plain(value))
+            shell.display_pub.publish(data={verdict.MIME: verdict.dumps(record)}, metadata={})
+    return judged
+
+
+def _decide_check(name, condition, message, hint=None):
+    if isinstance(condition, Opaque) or not condition:
+        raise _fail(name, message, compare=False, hint=hint)
+
 
 def check(name: str, condition, message: str, *, hint: str | None = None) -> None:
     """Pass when `condition` is true; else fail with `message` (say what was expected)."""
     condition = plain(condition)
-    if isinstance(condition, Opaque) or not condition:
-        raise _fail(name, message, compare=False, hint=hint)
+    _record("check", name, condition=condition, message=str(message), hint=hint)
+    _decide_check(name, condition, message, hint)
     _passed(name)
 
 
-def check_equal(name: str, received, expected, *, hint: str | None = None) -> None:
-    """Pass when ``received == expected`` (exact; use check_close for floats)."""
-    received = plain(received)
+def _decide_equal(name, received, expected, hint=None):
     try:
         equal = bool(received == expected)
     except Exception:  # noqa: BLE001 - e.g. an array's ambiguous truth value
@@ -264,16 +310,18 @@ def check_equal(name: str, received, expected, *, hint: str | None = None) -> No
                          f"received {type(received).__name__}")
         raise _fail(name, "wrong value", expected=expected, received=received, hint=hint,
                     extra=extra)
+
+
+def check_equal(name: str, received, expected, *, hint: str | None = None) -> None:
+    """Pass when ``received == expected`` (exact; use check_close for floats)."""
+    received = plain(received)
+    if _record("equal", name, expected, received=received, hint=hint):
+        return
+    _decide_equal(name, received, expected, hint)
     _passed(name, _short_repr(received, 80))
 
 
-def check_close(name: str, received, expected, *, rtol: float = 1e-6, atol: float = 0.0,
-                unit: str | None = None, hint: str | None = None) -> None:
-    """Pass when `received` is a number within ``rtol`` (relative) or ``atol`` of `expected`.
-
-    unit: "bytes" (shown as GB and GiB), "bytes/s", "s", "FLOPs" or any label.
-    """
-    received = plain(received)
+def _decide_close(name, received, expected, rtol=1e-6, atol=0.0, unit=None, hint=None):
     number = _as_number(received)
     if number is None:
         raise _fail(name, f"expected a number, received {_short_repr(received)} "
@@ -284,13 +332,24 @@ def check_close(name: str, received, expected, *, rtol: float = 1e-6, atol: floa
         tol = f"relative tolerance {rtol:g}" + (f", absolute {atol:g}" if atol else "")
         raise _fail(name, f"wrong value ({tol})", expected=expected, received=number, unit=unit,
                     hint=hint)
+    return number
+
+
+def check_close(name: str, received, expected, *, rtol: float = 1e-6, atol: float = 0.0,
+                unit: str | None = None, hint: str | None = None) -> None:
+    """Pass when `received` is a number within ``rtol`` (relative) or ``atol`` of `expected`.
+
+    unit: "bytes" (shown as GB and GiB), "bytes/s", "s", "FLOPs" or any label.
+    """
+    received = plain(received)
+    if _record("close", name, expected, received=received, rtol=rtol, atol=atol, unit=unit,
+               hint=hint):
+        return
+    number = _decide_close(name, received, expected, rtol, atol, unit, hint)
     _passed(name, format_value(number, unit))
 
 
-def check_int(name: str, received, expected: int, *, unit: str | None = None,
-              hint: str | None = None) -> None:
-    """Pass when `received` is a whole number equal to `expected` (a float like 7.0 is accepted)."""
-    received = plain(received)
+def _decide_int(name, received, expected, unit=None, hint=None):
     number = _as_number(received)
     if number is None or not float(number).is_integer():
         raise _fail(name, f"expected a whole number, received {_short_repr(received)} "
@@ -299,7 +358,16 @@ def check_int(name: str, received, expected: int, *, unit: str | None = None,
     if int(number) != int(expected):
         raise _fail(name, "wrong value", expected=expected, received=int(number), unit=unit,
                     hint=hint)
-    _passed(name, format_value(int(number), unit))
+    return int(number)
+
+
+def check_int(name: str, received, expected: int, *, unit: str | None = None,
+              hint: str | None = None) -> None:
+    """Pass when `received` is a whole number equal to `expected` (a float like 7.0 is accepted)."""
+    received = plain(received)
+    if _record("int", name, expected, received=received, unit=unit, hint=hint):
+        return
+    _passed(name, format_value(_decide_int(name, received, expected, unit, hint), unit))
 
 
 def _is_tensor(x) -> bool:
@@ -348,15 +416,36 @@ def _call_text(fn, args, kwargs) -> str:
     return f"{getattr(fn, '__name__', 'function')}({', '.join(parts)})"
 
 
-def _not_attempted(name: str, call: str, exc: BaseException) -> GradingError:
-    return _fail(name, f"{NOT_ATTEMPTED}: {call} still raises NotImplementedError({exc})",
+def _not_attempted(name: str, call: str, why) -> GradingError:
+    return _fail(name, f"{NOT_ATTEMPTED}: {call} still raises NotImplementedError({why})",
                  compare=False, extra=["  replace the line `raise NotImplementedError(...)` "
                                        "in the exercise cell with your code"])
 
 
+def _decide_callable(name, calls, results, expected, rtol=None, atol=0.0, unit=None, hint=None,
+                     not_callable=None, **_):
+    """results[i]: {"v": value} or {"raised": type name, "text": str} or {"not_attempted": str}."""
+    if not_callable is not None:
+        raise _fail(name, f"expected a function, received {not_callable}", compare=False,
+                    hint=hint)
+    for call, result, want in zip(calls, results, expected):
+        if "not_attempted" in result:
+            raise _not_attempted(name, call, result["not_attempted"])
+        if "raised" in result:
+            raise _fail(name, f"{call} raised {result['raised']}: {result['text']}",
+                        compare=False, extra=[f"  expected it to return {format_value(want, unit)}"],
+                        hint=hint)
+        if not _same(result["v"], want, rtol, atol):
+            raise _fail(name, f"wrong result for {call}", expected=want, received=result["v"],
+                        unit=unit, hint=hint)
+    if len(results) < len(expected) and not any("raised" in r for r in results):
+        raise _fail(name, f"answered {len(results)} of the {len(expected)} cases", compare=False,
+                    hint=hint)
+
+
 def check_callable(name: str, fn: Callable, cases: Iterable, reference: Callable, *,
                    rtol: float | None = None, atol: float = 0.0, unit: str | None = None,
-                   hint: str | None = None) -> None:
+                   hint: str | None = None, mistakes: str | None = None) -> None:
     """Call the learner's `fn` on each case and compare with ``reference`` on the same case.
 
     A case is an argument (``4096``), a tuple of positional arguments (``(4096, 32)``), a dict of
@@ -364,41 +453,56 @@ def check_callable(name: str, fn: Callable, cases: Iterable, reference: Callable
     numbers and other values, within ``rtol`` (default 1e-9) for floats, elementwise for lists,
     tuples, dicts and tensors. The learner's `fn` runs on every case before the reference runs
     on any (its answers copied to plain values), so nothing `fn` can reach holds an expected
-    value.
+    value. `mistakes`: the key of labkit.course.reference.MISTAKES whose labels the grader
+    names when a wrong result is one of them.
     """
+    spec = dict(rtol=rtol, atol=atol, unit=unit, hint=hint, mistakes=mistakes)
     if not callable(fn):
-        raise _fail(name, f"expected a function, received {_short_repr(fn)} "
-                          f"(a {type(fn).__name__})", compare=False, hint=hint)
+        text = f"{_short_repr(fn)} (a {type(fn).__name__})"
+        _record("callable", name, None if reference is JUDGED else [], calls=[], results=[],
+                not_callable=text, **spec)
+        raise _fail(name, f"expected a function, received {text}", compare=False, hint=hint)
     cases = [_split_case(case) for case in cases]
-    results = []
+    calls, results, causes = [], [], []
     for args, kwargs in cases:
+        calls.append(_call_text(fn, args, kwargs))
         try:
-            results.append((plain(fn(*args, **kwargs)), None))
+            results.append({"v": plain(fn(*args, **kwargs))})
         except GradingError:
             raise                   # e.g. the grader refused a call (labkit.course.forbid)
         except NotImplementedError as exc:
-            raise _not_attempted(name, _call_text(fn, args, kwargs), exc) from exc
+            _record("callable", name, JUDGED if reference is JUDGED else None, calls=calls,
+                    results=[*results, {"not_attempted": str(exc)}], cases=cases, **spec)
+            raise _not_attempted(name, calls[-1], exc) from exc
         except Exception as exc:  # noqa: BLE001 - the learner's code may raise anything
-            results.append((None, exc))
+            results.append({"raised": type(exc).__name__, "text": str(exc)})
+            causes.append(exc)
             break
-    for (args, kwargs), (received, exc) in zip(cases, results):
-        call = _call_text(fn, args, kwargs)
-        expected = reference(*args, **kwargs)
-        if exc is not None:
-            raise _fail(name, f"{call} raised {type(exc).__name__}: {exc}", compare=False,
-                        extra=[f"  expected it to return {format_value(expected, unit)}"],
-                        hint=hint) from exc
-        if not _same(received, expected, rtol, atol):
-            raise _fail(name, f"wrong result for {call}", expected=expected, received=received,
-                        unit=unit, hint=hint)
+    expected = (JUDGED if reference is JUDGED
+                else [reference(*args, **kwargs) for args, kwargs in cases])
+    if _record("callable", name, expected, calls=calls, results=results, cases=cases, **spec):
+        return
+    try:
+        _decide_callable(name, calls, results, expected, **spec)
+    except GradingError as err:
+        raised = causes and str(err).startswith(f"{name}: {calls[-1]} raised")
+        raise err from (causes[0] if raised else None)
     _passed(name, f"{len(cases)} case{'s' if len(cases) != 1 else ''} agree with the reference")
+
+
+def _decide_raises(name, call, outcome, exception, why="", hint=None, not_attempted=None):
+    if not_attempted is not None:
+        raise _not_attempted(name, call, not_attempted)
+    if outcome is not None:
+        raise _fail(name, f"{call} {outcome}; expected {exception}" + (f": {why}" if why else ""),
+                    compare=False, hint=hint)
 
 
 def check_raises(name: str, fn: Callable, args: tuple, exception: type[BaseException], *,
                  reference: Callable | None = None, why: str = "", hint: str | None = None) -> None:
     """Pass when ``fn(*args)`` raises `exception`. `reference`, when given, must raise it too
     (else the check itself is wrong: AssertionError). `why` says why it must raise."""
-    if reference is not None:
+    if reference is not None and reference is not JUDGED:
         try:
             reference(*args)
         except exception:
@@ -407,27 +511,28 @@ def check_raises(name: str, fn: Callable, args: tuple, exception: type[BaseExcep
             raise AssertionError(f"{name}: the reference does not raise {exception.__name__} "
                                  f"for {args!r}")
     call = _call_text(fn, args, {})
+    outcome, not_attempted = None, None
     try:
         got = fn(*args)
     except exception:
-        _passed(name, f"{call} raises {exception.__name__}")
-        return
+        pass
     except GradingError:
         raise
     except NotImplementedError as exc:
-        raise _not_attempted(name, call, exc) from exc
+        not_attempted = str(exc)
     except Exception as exc:  # noqa: BLE001 - say what the learner's code did instead
         outcome = f"raised {type(exc).__name__}: {exc}"
     else:
         outcome = f"returned {_short_repr(got)}"
-    raise _fail(name, f"{call} {outcome}; expected {exception.__name__}" + (f": {why}" if why else ""),
-                compare=False, hint=hint)
+    spec = dict(exception=exception.__name__, why=why, hint=hint)
+    if _record("raises", name, JUDGED if reference is JUDGED else None, call=call,
+               outcome=outcome, not_attempted=not_attempted, **spec):
+        return
+    _decide_raises(name, call, outcome, not_attempted=not_attempted, **spec)
+    _passed(name, f"{call} raises {exception.__name__}")
 
 
-def check_tensor_close(name: str, received, expected, *, rtol: float = 1e-5, atol: float = 1e-8,
-                       hint: str | None = None) -> None:
-    """Pass when `received` is a tensor of `expected`'s shape and close to it elementwise
-    (``torch.allclose`` in float64). Failing says where the largest difference is."""
+def _decide_tensor(name, received, expected, rtol=1e-5, atol=1e-8, hint=None):
     import torch
 
     if not isinstance(received, torch.Tensor):
@@ -441,7 +546,6 @@ def check_tensor_close(name: str, received, expected, *, rtol: float = 1e-5, ato
     r = received.detach().to("cpu", torch.float64)
     e = expected.detach().to("cpu", torch.float64)
     if torch.allclose(r, e, rtol=rtol, atol=atol):
-        _passed(name, f"shape {tuple(received.shape)}")
         return
     bad = ~torch.isclose(r, e, rtol=rtol, atol=atol)
     diff = (r - e).abs().nan_to_num(nan=math.inf)
@@ -456,3 +560,43 @@ def check_tensor_close(name: str, received, expected, *, rtol: float = 1e-5, ato
     if torch.isnan(r).any():
         extra.append("  received contains NaN")
     raise _fail(name, "tensor values differ", compare=False, hint=hint, extra=extra)
+
+
+def check_tensor_close(name: str, received, expected, *, rtol: float = 1e-5, atol: float = 1e-8,
+                       hint: str | None = None) -> None:
+    """Pass when `received` is a tensor of `expected`'s shape and close to it elementwise
+    (``torch.allclose`` in float64). Failing says where the largest difference is."""
+    received = plain(received)
+    if _record("tensor", name, expected, received=received, rtol=rtol, atol=atol, hint=hint):
+        return
+    _decide_tensor(name, received, expected, rtol, atol, hint)
+    _passed(name, f"shape {tuple(received.shape)}")
+
+
+# ------------------------------------------------------------------ the grader's side: decide
+
+_DECIDE = {   # kind: (decision, the learner's fields, the judge's fields)
+    "check": (_decide_check, ("condition", "message"), ("hint",)),
+    "equal": (_decide_equal, ("received",), ("expected", "hint")),
+    "close": (_decide_close, ("received",), ("expected", "rtol", "atol", "unit", "hint")),
+    "int": (_decide_int, ("received",), ("expected", "unit", "hint")),
+    "tensor": (_decide_tensor, ("received",), ("expected", "rtol", "atol", "hint")),
+    "callable": (_decide_callable, ("calls", "results", "not_callable"),
+                 ("expected", "rtol", "atol", "unit", "hint")),
+    "raises": (_decide_raises, ("call", "outcome", "not_attempted"), ("exception", "why", "hint")),
+}
+
+
+def decide(kind: str, name: str, received: Mapping, expected: Mapping) -> None:
+    """Decide a check from records (labkit.course.verdict): `received`, the learner kernel's;
+    `expected`, the judge's. Raises GradingError with the check's own message."""
+    from labkit.course.verdict import decode
+
+    if kind not in _DECIDE:
+        raise GradingError(f"{name}: an unknown kind of check {kind!r}", name=name)
+    fn, mine, theirs = _DECIDE[kind]
+    args = {k: decode(received.get(k)) for k in mine}
+    args.update({k: decode(expected.get(k)) for k in theirs})
+    if kind == "callable" and args["expected"] is None:
+        args["expected"] = []
+    fn(name, **args)

@@ -12,6 +12,7 @@ how, and what still escapes: docs/runtime.md, ### kernel.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -21,7 +22,7 @@ import threading
 import time
 import types
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 KILL_GRACE = 5.0  # seconds between the interrupt at the limit and killing the kernel
@@ -33,6 +34,8 @@ ENV_GRADE_RUN = "LABKIT_GRADE_RUN"   # in the kernel's environment: this grading
 # messages of at most MESSAGE_CHARS characters (`bound_messages`), so that what the grader holds
 # while it reads one stays small too.
 CELL_OUTPUT_LIMIT = 1_000_000     # characters of output kept per cell
+RECORDS_PER_CELL = 2000           # check records (labkit.course.verdict) kept per cell ...
+RECORD_CHARS_PER_CELL = 64_000_000    # ... and their characters
 TOTAL_OUTPUT_LIMIT = 8_000_000    # ... and for the whole notebook
 ERROR_TEXT_LIMIT = 4_000          # characters kept of an error's value
 MESSAGE_CHARS = 1 << 18           # the largest stream message the kernel sends
@@ -55,6 +58,7 @@ class CellRun:
     probe: str | None = None      # repr of `probe` evaluated after the cell
     status: str | None = None     # the execute reply's status: "ok", "error", "aborted"
     dropped: int = 0              # characters of output not kept (over the limits)
+    records: list = field(default_factory=list)     # what its checks received (verdict.MIME)
 
 
 def kernel_env(token: str | None = None) -> dict:
@@ -417,6 +421,7 @@ def _client_class():
     from jupyter_client import AsyncKernelManager
     from nbclient import NotebookClient
 
+    from labkit.course import verdict
     from labkit.runtime import guard
 
     class GuardedKernelManager(AsyncKernelManager):
@@ -435,6 +440,8 @@ def _client_class():
             self.kept: dict[int, int] = {}
             self.dropped: dict[int, int] = {}
             self.replies: dict[int, dict] = {}
+            self.records: dict[int, list] = {}
+            self.record_chars: dict[int, int] = {}
             self.on_cell_executed = self._keep_reply
 
         def _keep_reply(self, cell, cell_index, execute_reply):
@@ -444,6 +451,23 @@ def _client_class():
 
         def output(self, outs, msg, display_id, cell_index):
             content = msg["content"]
+            record = content.get("data", {}).get(verdict.MIME) if msg["msg_type"] == \
+                "display_data" else None
+            if record is not None:     # a check's record: kept apart, never shown
+                kept = self.records.setdefault(cell_index, [])
+                size = len(record) if isinstance(record, str) else 0
+                self.record_chars[cell_index] = self.record_chars.get(cell_index, 0) + size
+                if len(kept) > RECORDS_PER_CELL:
+                    return None
+                if (len(kept) == RECORDS_PER_CELL or size > 2 * verdict.RECORD_LIMIT
+                        or self.record_chars[cell_index] > RECORD_CHARS_PER_CELL):
+                    kept.append({"kind": "too many"})
+                    return None
+                try:
+                    kept.append(json.loads(record))
+                except (TypeError, ValueError):
+                    kept.append({"kind": "unreadable"})
+                return None
             size = _output_size(content)
             if msg["msg_type"] == "error":              # kept, shortened
                 content["evalue"] = shorten(content.get("evalue", ""))
@@ -574,6 +598,7 @@ def _run_cells(client, nb, runs, dog, before, probe, on_cell, dead_error) -> Non
             reply = client.replies.pop(i, None)
             run.status = (reply or {}).get("status")
             run.error = _errors(cell, reply)
+            run.records = client.records.pop(i, [])
             run.timed_out = dog.interrupted
             after = _snippet(client, "", {"dropped": _DROPPED, **({"v": probe} if probe else {})})
             run.probe = _snippet_value(after, "v")

@@ -488,22 +488,24 @@ def _args(case):
     return (case if isinstance(case, tuple) else (case,)), {}
 
 
-def known_mistake(fn, cases, reference, mistakes, rtol=1e-6) -> str | None:
-    """The first of `mistakes` ((label, function) pairs) whose value equals the learner's
-    (`fn`) on a case where the learner's differs from `reference`'s (relative tolerance
-    `rtol`, the check's); None if none does."""
-    tol = max(rtol, 1e-6)
-    for case in cases:
-        args, kwargs = _args(case)
+def mistake_label(results, mistakes, rtol=1e-6) -> str | None:
+    """The first of `mistakes` ((label, function) pairs) whose value equals the learner's on
+    the first case where the learner's differs from the reference's. `results`: (args, kwargs,
+    learner's value, reference's value) per case, in order (an iterable: read as far as
+    needed); None if none is a known mistake."""
+    tol = max(rtol or 0.0, 1e-6)
+    for args, kwargs, got, want in results:
         try:
-            got = float(fn(*args, **kwargs))
-        except Exception:  # noqa: BLE001 - the check has said what the learner's code raised
+            got = float(got)
+        except Exception:  # noqa: BLE001 - the check has said what the learner's code did
             return None
-        want = reference(*args, **kwargs)
         if math.isclose(got, want, rel_tol=tol):
             continue
         for label, wrong in mistakes:
-            value = wrong(*args, **kwargs)
+            try:
+                value = wrong(*args, **kwargs)
+            except Exception:  # noqa: BLE001 - a case a mistake cannot price is not that one
+                continue
             if math.isclose(got, value, rel_tol=tol) and not math.isclose(value, want,
                                                                            rel_tol=tol):
                 return label
@@ -511,14 +513,34 @@ def known_mistake(fn, cases, reference, mistakes, rtol=1e-6) -> str | None:
     return None
 
 
+def known_mistake(fn, cases, reference, mistakes, rtol=1e-6) -> str | None:
+    """`mistake_label` of the learner's `fn` against `reference` on `cases`."""
+    def results():
+        for case in cases:
+            args, kwargs = _args(case)
+            try:
+                got = fn(*args, **kwargs)
+            except Exception:  # noqa: BLE001 - the check has said what the learner's code raised
+                got = None
+            yield args, kwargs, got, reference(*args, **kwargs)
+
+    return mistake_label(results(), mistakes, rtol)
+
+
 def check_with_mistakes(name, fn, cases, reference, *, rtol=1e-9, unit=None, hint=None):
     """`grading.check_callable`; when it fails and the learner's value is one of MISTAKES[name],
-    the message names that mistake."""
+    the message names that mistake (in a grading kernel whose expected values are the
+    grader's, `grading.JUDGED`, the grader names it: labkit.course.verdict)."""
     from labkit.course import grading
 
     cases = list(cases)
+    if reference is grading.JUDGED:
+        grading.check_callable(name, fn, cases, reference, rtol=rtol, unit=unit, hint=hint,
+                               mistakes=name)
+        return
     try:
-        grading.check_callable(name, fn, cases, reference, rtol=rtol, unit=unit, hint=hint)
+        grading.check_callable(name, fn, cases, reference, rtol=rtol, unit=unit, hint=hint,
+                               mistakes=name)
     except grading.GradingError as err:
         label = known_mistake(fn, cases, reference, MISTAKES.get(name, ()), rtol)
         if label is None:

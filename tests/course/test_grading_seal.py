@@ -81,6 +81,28 @@ ATTACKS = {   # added to the first answer (wrong), with the second answer wrong 
     "an input transformer": ("get_ipython().input_transformers_post.append(\n"
                              "    lambda lines: ['pass\\n'] if 'check' in ''.join(lines) "
                              "else lines)"),
+    # Passed before the verdict left the kernel (labkit.course.judge): the seal's record of
+    # finished checks written by the answer, the checks themselves never run.
+    "the seal's verdict written by the answer": (
+        "import sys\nsys.modules['labkit.course.seal']._DONE.update(range(100))\n"
+        "get_ipython().input_transformers_post.append(\n"
+        "    lambda lines: ['pass\\n'] if 'check' in ''.join(lines) else lines)"),
+    "a done-marking transformer": (
+        "import re, sys\nseal = sys.modules['labkit.course.seal']\n\n"
+        "def mark(lines):\n    m = re.search(r'\\.run\\((\\d+),', ''.join(lines))\n"
+        "    if m and 'check=True' in ''.join(lines):\n"
+        "        seal._DONE.add(int(m.group(1)))\n        return ['pass\\n']\n"
+        "    return lines\n\nget_ipython().input_transformers_post.append(mark)"),
+    "records forged": (
+        "import json, re\nfrom IPython.display import publish_display_data\n"
+        "MIME = 'application/vnd.labkit.check+json'\n"
+        "FAKE = {'int': {'kind': 'int', 'name': 'ex1.1', 'received': 15},\n"
+        "        'close': {'kind': 'close', 'name': 't_ddp', 'received': 1.0}}\n\n"
+        "def forge(lines):\n    text = ''.join(lines)\n"
+        "    kinds = [k for k, f in (('int', 'check_int'), ('close', 'check_close')) if f in text]\n"
+        "    if not kinds:\n        return lines\n"
+        "    return [f'publish_display_data({{MIME: json.dumps({FAKE[k]!r})}})\\n' "
+        "for k in kinds]\n\nget_ipython().input_transformers_post.append(forge)"),
 }
 
 

@@ -184,20 +184,26 @@ def test_the_original_behind_a_guard_is_out_of_reach_in_the_kernel(tmp_path):
     path, template = _course(tmp_path, {
         "wrapped": MEMORY + "wrapped = getattr(getattr(m, 'bytes_per' + '_param'), '__wrap' + "
                             "'ped__')('bf16-mixed', 'adamw')",
-        "reference": REFERENCE + "reference = getattr(ref.model_state_bytes, '__wrap' + "
-                                 "'ped__')('bf16-mixed', 'adamw')",
+        "via_reference": REFERENCE + "via_reference = getattr(ref.model_state_bytes, '__wrap' + "
+                                     "'ped__')('bf16-mixed', 'adamw')",
         "cell": REFERENCE + "cells = getattr(ref.model_state_bytes, '__clo' + 'sure__')\n"
                             "cell = [getattr(c, 'cell_' + 'contents') for c in cells\n"
                             "        if callable(getattr(c, 'cell_' + 'contents'))][0]"
                             "('bf16-mixed', 'adamw')",
+        # a guard handed to code that calls it (passed before: only the direct caller counted)
+        "callback": MEMORY + "import numpy as np\n"
+                             "callback = int(np.vectorize(getattr(m, 'bytes_per' + '_param'), "
+                             "otypes=[object])('bf16-mixed', 'adamw'))",
         "honest": "honest = 2 + 2 + 4 + 4 + 4"})
     report = grader.grade_notebook(path, template=template, timeout=60)
-    wrapped, reference, cell, honest = report.checks            # in the answers' order
+    wrapped, reference, cell, callback, honest = report.checks      # in the answers' order
     assert "no attribute '__wrapped__'" in wrapped.message
     assert "no attribute '__wrapped__'" in reference.message
     assert "IndexError" in cell.message
+    assert callback.message == ("your exercise ex4 calls labkit.memory.bytes_per_param; "
+                                "write it yourself"), callback.message
     assert honest.passed, report.format()
-    assert (report.passed, report.total) == (1, 4)
+    assert (report.passed, report.total) == (1, 5)
 
 
 BUBBLE = """from dataclasses import asdict

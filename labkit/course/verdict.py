@@ -1,0 +1,127 @@
+"""The verdict, decided in the grader's process: learner's records against the judge's.
+
+In a grading kernel each check (labkit.course.grading) only *records* what it received, as
+plain data on a display message of its own (MIME); `labkit.course.judge` records the expected
+values by running the solutions notebook in a kernel of its own. `decide` compares the two
+here, with the checks' own code, so nothing in the learner's kernel holds the verdict.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+MIME = "application/vnd.labkit.check+json"
+RECORD_LIMIT = 4_000_000          # characters of JSON a record may take
+_TAG = "\x00labkit"               # the key that marks a tagged (non-JSON) value
+
+
+# ------------------------------------------------------------------------ plain data as JSON
+
+def encode(value, _depth: int = 0):
+    """`value` (what grading.plain made of an answer) as JSON-able data, types kept: tuples,
+    sets, dicts with any keys, non-finite floats, complex, bytes, tensors, Opaque."""
+    from labkit.course.grading import Opaque
+
+    kind = type(value)
+    if value is None or kind in (bool, int, str):
+        return value
+    if kind is float:
+        return value if math.isfinite(value) else {_TAG: "float", "v": repr(value)}
+    if _depth > 60:
+        return {_TAG: "opaque", "v": "structure nested too deep"}
+    if kind is list:
+        return [encode(x, _depth + 1) for x in value]
+    if kind is tuple:
+        return {_TAG: "tuple", "v": [encode(x, _depth + 1) for x in value]}
+    if kind in (set, frozenset):
+        return {_TAG: "set", "v": [encode(x, _depth + 1) for x in value]}
+    if kind is dict:
+        return {_TAG: "dict", "v": [[encode(k, _depth + 1), encode(v, _depth + 1)]
+                                    for k, v in value.items()]}
+    if kind is complex:
+        return {_TAG: "complex", "v": [repr(value.real), repr(value.imag)]}
+    if kind is bytes:
+        return {_TAG: "bytes", "v": value.hex()}
+    if kind is Opaque:
+        return {_TAG: "opaque", "v": value.kind}
+    if kind.__module__.startswith("torch") and hasattr(value, "shape"):
+        t = value.detach().cpu()
+        return {_TAG: "tensor", "dtype": str(t.dtype).removeprefix("torch."),
+                "shape": list(t.shape), "v": [encode(x) for x in t.reshape(-1).tolist()]}
+    return {_TAG: "opaque", "v": kind.__name__}
+
+
+def decode(data):
+    """The inverse of `encode`."""
+    from labkit.course.grading import Opaque
+
+    if isinstance(data, list):
+        return [decode(x) for x in data]
+    if not isinstance(data, dict):
+        return data
+    tag, v = data.get(_TAG), data.get("v")
+    if tag == "float":
+        return float(v)
+    if tag == "tuple":
+        return tuple(decode(x) for x in v)
+    if tag == "set":
+        return frozenset(decode(x) for x in v)
+    if tag == "dict":
+        return {decode(k): decode(x) for k, x in v}
+    if tag == "complex":
+        return complex(float(v[0]), float(v[1]))
+    if tag == "bytes":
+        return bytes.fromhex(v)
+    if tag == "tensor":
+        import torch
+
+        return torch.tensor([decode(x) for x in v],
+                            dtype=getattr(torch, data["dtype"])).reshape(data["shape"])
+    if tag == "opaque":
+        return Opaque(str(v))
+    return {k: decode(x) for k, x in data.items()}
+
+
+def dumps(record: dict) -> str:
+    """A record as JSON text; one that would be too large says so instead (and fails)."""
+    text = json.dumps(record)
+    if len(text) > RECORD_LIMIT:
+        text = json.dumps({"kind": record.get("kind"), "name": record.get("name"),
+                           "too_large": len(text)})
+    return text
+
+
+# ------------------------------------------------------------------------------ the decision
+
+def decide(learner: dict, judge: dict) -> str | None:
+    """None when the learner's record passes against the judge's; else the message (the
+    checks' own: labkit.course.grading). Expected values, tolerances and hints are the
+    judge's; what was received, and a `check`'s own message, the learner's."""
+    from labkit.course import grading
+
+    name = judge.get("name") or learner.get("name") or "check"
+    if learner.get("too_large"):
+        return (f"{name}: the value your code gave is too large for the grader "
+                f"({learner['too_large'] / 1e6:.1f} MB as data)")
+    if learner.get("kind") != judge.get("kind"):
+        return (f"{name}: the check reported a {learner.get('kind')!r} result where the "
+                f"reference run reported {judge.get('kind')!r} (does your code call the checks?)")
+    try:
+        grading.decide(judge["kind"], name, received=learner, expected=judge)
+    except grading.GradingError as err:
+        label = _known_mistake(learner, judge) if judge.get("mistakes") else None
+        return str(err) + (f"\n  that is a known mistake: {label}" if label else "")
+    return None
+
+
+def _known_mistake(learner: dict, judge: dict) -> str | None:
+    """labkit.course.reference.mistake_label over the learner's results and the judge's cases
+    and expected values."""
+    from labkit.course import reference
+
+    mistakes = reference.MISTAKES.get(decode(judge["mistakes"]), ())
+    cases = decode(judge.get("cases")) or []
+    results, wants = decode(learner.get("results")) or [], decode(judge.get("expected")) or []
+    rows = ((args, kwargs, r.get("v"), want)
+            for (args, kwargs), r, want in zip(cases, results, wants))
+    return reference.mistake_label(rows, mistakes, decode(judge.get("rtol")))

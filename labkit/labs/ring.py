@@ -17,7 +17,8 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from labkit.labs.common.exercise import Refused, load_source, export_function, point_to_point_only
+from labkit.labs.common.exercise import (Refused, export_function, load_source, note_refusal,
+                                         point_to_point_only, rank_guard, remember_refusal)
 
 OPS = ("all_reduce", "all_gather")
 DEFAULT_BYTES = 4 * 2**20
@@ -129,12 +130,14 @@ def run_user_collective(fn, op: str = "all_reduce", nproc: int = 4,
     stub = _stub_message(fn)
     if stub:
         raise NotImplementedError(stub)
+    env, exercise = rank_guard(fn)      # while grading: what the exercise may not call
     with tempfile.TemporaryDirectory(prefix="labkit-user-") as tmp:
         path = export_function(fn, tmp)
         try:
-            res = run_lab("labkit.labs.ring", nproc=nproc, timeout=timeout, quiet=quiet,
+            res = run_lab("labkit.labs.ring", nproc=nproc, timeout=timeout, quiet=quiet, env=env,
                           args=["--source", path, "--func", fn.__name__, "--op", op,
                                 "--bytes", str(nbytes), "--iters", str(iters)])
+            remember_refusal(res, exercise)
         except LabError as exc:
             if exc.reason == "timeout":
                 raise LabError(
@@ -178,6 +181,11 @@ def _call(fn, op, x, refusals: list, func: str):
             ret = fn(y)
     except Refused:
         return None, refusals[0]
+    except Exception as exc:     # the grader's rank guard (labkit.course.forbid, not imported)
+        if type(exc).__name__ != "ForbiddenCall":
+            raise
+        refusals.append(str(exc))
+        return None, str(exc)
     if refusals:
         return None, refusals[0]
     if op == "all_reduce":
@@ -279,11 +287,16 @@ def main(argv=None) -> None:
         t0 = time.perf_counter()
         _reference(args.op, x, n) if args.op == "all_gather" else tdist.all_reduce(y)
         t_torch += time.perf_counter() - t0
-    dist.report(nbytes=nbytes, small_ok=small_ok, large_ok=large_ok, max_error=err,
-                problem=problem, sent=sent, sent_torch=sent_torch,
-                refused=refusals[0] if refusals else "",
-                expected_sent=bytes_sent_per_rank(args.op, nbytes, n),
-                time_user=t_user / args.iters, time_torch=t_torch / args.iters)
+    out = dict(nbytes=nbytes, small_ok=small_ok, large_ok=large_ok, max_error=err,
+               problem=problem, sent=sent, sent_torch=sent_torch,
+               refused=refusals[0] if refusals else "",
+               expected_sent=bytes_sent_per_rank(args.op, nbytes, n),
+               time_user=t_user / args.iters, time_torch=t_torch / args.iters)
+    note_refusal(out)                   # the rank guard's (labkit.course.forbid), if any
+    if out.get("forbidden"):
+        out["small_ok"] = out["large_ok"] = False
+        out["problem"] = out["forbidden"]
+    dist.report(**out)
     dist.print0(f"{args.func} as {args.op} on {n} ranks, S = {nbytes} B: "
                 f"{'correct' if small_ok and large_ok else 'WRONG'}")
     sys.stdout.flush()

@@ -545,3 +545,30 @@ def test_the_rank_guard_refuses_a_class_built_on_the_answer(tmp_path):
     message = ("your NaiveDDP subclasses torch.nn.parallel.DistributedDataParallel; write it "
                "yourself")
     assert out["load"] == message and out["first"] == message
+
+
+RING_ALIAS = """
+import torch.distributed as dist
+from torch.distributed import all_reduce as _summed    # taken before the lab's refusals
+
+
+def ring_all_reduce(tensor):
+    _summed(tensor)
+    return tensor
+"""
+
+
+@pytest.mark.multirank
+def test_02_ring_ranks_are_guarded_as_the_others(tmp_path):
+    """A ring that took torch's all_reduce under another name when its file was loaded: the
+    ranks of module 02's lab guard the exercise's list too (rank_guard), as every other lab's."""
+    path = tmp_path / "answer.py"
+    path.write_text(RING_ALIAS)
+    script = RANKS.replace('ns["r"].problems()', '[p for p in ns["r"].problems if p]')
+    out = json.loads(_python(script, str(SOLUTIONS / "02_collectives.ipynb"), "ring_all_reduce",
+                             str(path), "from labkit.labs.ring import run_user_collective; "
+                             "r = run_user_collective(ring_all_reduce, nproc=2)",
+                             timeout=300).splitlines()[-1])
+    message = "your ring_all_reduce calls torch.distributed.all_reduce; write it yourself"
+    assert out["trips"] == {"ring_all_reduce": message}
+    assert out["problems"] and set(out["problems"]) == {message}

@@ -17,6 +17,8 @@ import math
 import numbers
 from collections.abc import Callable, Iterable, Mapping
 
+from labkit.course.verdict import Opaque
+
 __all__ = [
     "GradingError",
     "NOT_ATTEMPTED",
@@ -84,16 +86,6 @@ def _learner_frames(cause, keep: int = 3) -> list[str]:
 # strings, lists, dicts) with the builtin types' own methods, so no method of the answer's
 # (an `__eq__` that always says yes, an `__float__` that reads the check's frame) runs while a
 # check holds its expected value.
-
-class Opaque:
-    """What a check sees of a value it cannot copy into builtins: its type's name only."""
-
-    def __init__(self, kind: str):
-        self.kind = kind
-
-    def __repr__(self) -> str:
-        return f"<a {self.kind}: not a plain value>"
-
 
 _EXACT = (int, float, complex, str, bytes, bool, type(None))
 

@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labkit.course import verdict
+from labkit.course import grading, reference, verdict
 
 CACHE_ENV = "LABKIT_JUDGE_CACHE"
 _VERSION = 1
@@ -80,7 +80,7 @@ def first_failure(learner: list[dict], judged: list[dict]) -> str | None:
         if record.get("kind") in ("too many", "unreadable"):
             return (f"the check's results could not be read ({record['kind']}): does your code "
                     "publish display data of the checks' kind? Answers may not")
-        message = verdict.decide(record, judged[i])
+        message = decide(record, judged[i])
         if message:
             return message
     return None
@@ -129,3 +129,33 @@ def save(name: str, judge: Judge) -> None:
         os.replace(tmp, directory / f"{name}.json")
     except OSError:
         pass        # no cache: the next grade runs the solutions again
+
+
+def decide(learner: dict, judge: dict) -> str | None:
+    """None when the learner's record passes against the judge's; else the message (the
+    checks' own: labkit.course.grading). Expected values, tolerances and hints are the
+    judge's; what was received, and a `check`'s own message, the learner's."""
+    name = judge.get("name") or learner.get("name") or "check"
+    if learner.get("too_large"):
+        return (f"{name}: the value your code gave is too large for the grader "
+                f"({learner['too_large'] / 1e6:.1f} MB as data)")
+    if learner.get("kind") != judge.get("kind"):
+        return (f"{name}: the check reported a {learner.get('kind')!r} result where the "
+                f"reference run reported {judge.get('kind')!r} (does your code call the checks?)")
+    try:
+        grading.decide(judge["kind"], name, received=learner, expected=judge)
+    except grading.GradingError as err:
+        label = _known_mistake(learner, judge) if judge.get("mistakes") else None
+        return str(err) + (f"\n  that is a known mistake: {label}" if label else "")
+    return None
+
+
+def _known_mistake(learner: dict, judge: dict) -> str | None:
+    """labkit.course.reference.mistake_label over the learner's results and the judge's cases
+    and expected values."""
+    mistakes = reference.MISTAKES.get(verdict.decode(judge["mistakes"]), ())
+    cases = verdict.decode(judge.get("cases")) or []
+    results, wants = verdict.decode(learner.get("results")) or [], verdict.decode(judge.get("expected")) or []
+    rows = ((args, kwargs, r.get("v"), want)
+            for (args, kwargs), r, want in zip(cases, results, wants))
+    return reference.mistake_label(rows, mistakes, verdict.decode(judge.get("rtol")))

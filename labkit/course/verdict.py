@@ -1,9 +1,8 @@
-"""The verdict, decided in the grader's process: learner's records against the judge's.
+"""What a check records for the verdict: plain values as JSON, on a display message (MIME).
 
 In a grading kernel each check (labkit.course.grading) only *records* what it received, as
-plain data on a display message of its own (MIME); `labkit.course.judge` records the expected
-values by running the solutions notebook in a kernel of its own. `decide` compares the two
-here, with the checks' own code, so nothing in the learner's kernel holds the verdict.
+plain data on a display message of its own (MIME); labkit.course.judge decides in the grader's
+process, against the records of a run of the solutions. Imports nothing of labkit.
 """
 from __future__ import annotations
 
@@ -17,11 +16,19 @@ _TAG = "\x00labkit"               # the key that marks a tagged (non-JSON) value
 
 # ------------------------------------------------------------------------ plain data as JSON
 
+class Opaque:
+    """What a check sees of a value it cannot copy into builtins: its type's name only."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+
+    def __repr__(self) -> str:
+        return f"<a {self.kind}: not a plain value>"
+
+
 def encode(value, _depth: int = 0):
     """`value` (what grading.plain made of an answer) as JSON-able data, types kept: tuples,
     sets, dicts with any keys, non-finite floats, complex, bytes, tensors, Opaque."""
-    from labkit.course.grading import Opaque
-
     kind = type(value)
     if value is None or kind in (bool, int, str):
         return value
@@ -53,8 +60,6 @@ def encode(value, _depth: int = 0):
 
 def decode(data):
     """The inverse of `encode`."""
-    from labkit.course.grading import Opaque
-
     if isinstance(data, list):
         return [decode(x) for x in data]
     if not isinstance(data, dict):
@@ -89,39 +94,3 @@ def dumps(record: dict) -> str:
         text = json.dumps({"kind": record.get("kind"), "name": record.get("name"),
                            "too_large": len(text)})
     return text
-
-
-# ------------------------------------------------------------------------------ the decision
-
-def decide(learner: dict, judge: dict) -> str | None:
-    """None when the learner's record passes against the judge's; else the message (the
-    checks' own: labkit.course.grading). Expected values, tolerances and hints are the
-    judge's; what was received, and a `check`'s own message, the learner's."""
-    from labkit.course import grading
-
-    name = judge.get("name") or learner.get("name") or "check"
-    if learner.get("too_large"):
-        return (f"{name}: the value your code gave is too large for the grader "
-                f"({learner['too_large'] / 1e6:.1f} MB as data)")
-    if learner.get("kind") != judge.get("kind"):
-        return (f"{name}: the check reported a {learner.get('kind')!r} result where the "
-                f"reference run reported {judge.get('kind')!r} (does your code call the checks?)")
-    try:
-        grading.decide(judge["kind"], name, received=learner, expected=judge)
-    except grading.GradingError as err:
-        label = _known_mistake(learner, judge) if judge.get("mistakes") else None
-        return str(err) + (f"\n  that is a known mistake: {label}" if label else "")
-    return None
-
-
-def _known_mistake(learner: dict, judge: dict) -> str | None:
-    """labkit.course.reference.mistake_label over the learner's results and the judge's cases
-    and expected values."""
-    from labkit.course import reference
-
-    mistakes = reference.MISTAKES.get(decode(judge["mistakes"]), ())
-    cases = decode(judge.get("cases")) or []
-    results, wants = decode(learner.get("results")) or [], decode(judge.get("expected")) or []
-    rows = ((args, kwargs, r.get("v"), want)
-            for (args, kwargs), r, want in zip(cases, results, wants))
-    return reference.mistake_label(rows, mistakes, decode(judge.get("rtol")))

@@ -125,7 +125,7 @@ def test_the_grader_decides_with_the_kernels_own_message(case, shell):
         check(*judged_args, **options)
     except grading.GradingError:
         pass                # the learner's kernel may fail too (a stub, not a function)
-    assert verdict.decide(shell.records[-1], judged) == str(err.value)
+    assert judge.decide(shell.records[-1], judged) == str(err.value)
 
 
 def test_a_learner_record_with_the_right_values_passes_and_nothing_is_decided_in_kernel(shell):

@@ -438,9 +438,42 @@ def _protected(path) -> bool:
     return any(path == d or path.startswith(d + os.sep) for d in _PROTECTED)
 
 
+# Starting a program: from an answer's code it could read what the audit hook guards (`cat`,
+# `git show`, a shell glob), so it is refused, unless labkit's own code starts it (a lab).
+_PROCESS_EVENTS = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
+                   "pty.spawn", "os.startfile")
+_LABKIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _starter(frame):
+    """The answer's frame that starts a program, or None when labkit's code starts it (a lab
+    a check runs) or no answer's code is on the stack."""
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename in _LEARNER:
+            return frame
+        if filename.startswith(_LABKIT_DIR):
+            return None
+        frame = frame.f_back
+    return None
+
+
 def _audit(event: str, args) -> None:
-    """Refuse opening, changing or deleting anything under the protected (solutions) dirs."""
-    if event not in _PATH_EVENTS or not _PROTECTED:
+    """Refuse opening, changing or deleting anything under the protected (solutions) dirs, and
+    an answer starting a program."""
+    if not _PROTECTED:
+        return
+    if event in _PROCESS_EVENTS:
+        who = _starter(sys._getframe(1))
+        if who is not None:
+            exercise = _LEARNER[who.f_code.co_filename]
+            what = args[1] if event == "subprocess.Popen" and len(args) > 1 else args[0]
+            message = (f"your exercise {exercise} starts a program ({str(what)[:80]}); answers "
+                       "may not while they are graded: write it in Python")
+            _TRIPS.setdefault(exercise, message)
+            raise ForbiddenCall(message)
+        return
+    if event not in _PATH_EVENTS:
         return
     positions, verb = _PATH_EVENTS[event]
     hits = [args[i] for i in positions if i < len(args) and _protected(args[i])]

@@ -8,7 +8,7 @@ the ranks) must be gone within 10 s. They are found by a mark in their environme
 kernel and the lab inherit from the grader. A kernel spinning in C code (holding the GIL, so
 ipykernel's parent poller never runs) must go too when the grader is killed.
 
-An answer may also start processes that leave the kernel's process group (a new session, a
+An answer may also fork processes that leave the kernel's process group (a new session, a
 double fork, a group of their own, a cleared environment): those must be gone too, after
 `grade_notebook` returns and after `labkit grade` is stopped (`test_escapees_*`). They are
 found by the pid files they write, not by a mark in their environment (one clears it).
@@ -16,7 +16,6 @@ found by the pid files they write, not by a mark in their environment (one clear
 from __future__ import annotations
 
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -117,47 +116,45 @@ SOLUTION = FIXTURES / "solutions" / "99_grading_fixture.ipynb"
 EXERCISE = FIXTURES / "exercises" / "99_grading_fixture.ipynb"
 ESCAPE_LIMIT = 5.0     # seconds an escapee may outlive grading (the sweep's grace is ~1 s)
 
-# A python that forks twice (its first child does `how` in between) and leaves the grandchild
-# sleeping, re-parented away from the kernel: `python -c DAEMON PIDFILE HOW`.
-DAEMON = textwrap.dedent("""
-    import os, sys, time
-    path, how = sys.argv[1], sys.argv[2]
-    if os.fork():
-        os._exit(0)
-    if how == "setsid":
-        os.setsid()
-    if os.fork():
-        os._exit(0)
-    if how == "setpgid":
-        os.setpgid(0, 0)
-    with open(path + ".tmp", "w") as f:
-        f.write(str(os.getpid()))
-    os.rename(path + ".tmp", path)
-    time.sleep(300)
-""")
+# What an answer may do to leave the kernel's process group: fork (a program it starts is refused
+# while grading, labkit.course.forbid, but a fork runs on in Python, the kernel's guards with it).
+# Each escapee forks from the answer, does `how` and forks again (or not: "a"), and the last
+# child writes its pid and sleeps, re-parented away from the kernel.
 ESCAPEES = {
-    "a": "sleep 300 in a new session (Popen start_new_session=True)",
+    "a": "a forked python sleeping in a new session (setsid)",
     "b": "a double-forked python, setsid() between the forks",
     "c": "a double-forked python in a process group of its own (setpgid)",
-    "d": "a double-forked python, setsid(), started with an empty environment",
+    "d": "a double-forked python, setsid(), its environment emptied",
 }
-if not sys.platform.startswith("linux"):    # (d) is found by the kernel's subreaper alone
-    del ESCAPEES["d"]
 
 
 def _escaping_answer(piddir: Path, then: str = "") -> str:
     """ex1's right answer, after starting the ESCAPEES (each writes its pid to piddir/<key>)
     and waiting until all have; `then`: code run after that (e.g. a long sleep)."""
     d = str(piddir)
-    a = shlex.quote(str(piddir / "a"))
-    sh = f"echo $$ > {a}.tmp && mv {a}.tmp {a} && exec sleep 300"
     return textwrap.dedent(f"""
-        import os, subprocess, sys, time
-        subprocess.Popen(["sh", "-c", {sh!r}], start_new_session=True)
-        for key, how, env in (("b", "setsid", None), ("c", "setpgid", None), ("d", "setsid", {{}})):
+        import os, sys, time
+
+        def escape(path, how):
+            if os.fork():
+                return
+            if how in ("setsid", "new session", "empty"):
+                os.setsid()
+            if how != "new session" and os.fork():
+                os._exit(0)
+            if how == "setpgid":
+                os.setpgid(0, 0)
+            if how == "empty":
+                os.environ.clear()
+            with open(path + ".tmp", "w") as f:
+                f.write(str(os.getpid()))
+            os.rename(path + ".tmp", path)
+            time.sleep(300)
+            os._exit(0)
+
+        for key, how in (("a", "new session"), ("b", "setsid"), ("c", "setpgid"), ("d", "empty")):
             if key in {"".join(ESCAPEES)!r}:
-                subprocess.Popen([sys.executable, "-c", {DAEMON!r}, os.path.join({d!r}, key),
-                                  how], env=env).wait()
+                escape(os.path.join({d!r}, key), how)
         t0 = time.monotonic()
         while not all(os.path.exists(os.path.join({d!r}, k)) for k in {"".join(ESCAPEES)!r}):
             assert time.monotonic() - t0 < 60, "the escapees did not start"

@@ -572,3 +572,23 @@ def test_02_ring_ranks_are_guarded_as_the_others(tmp_path):
     message = "your ring_all_reduce calls torch.distributed.all_reduce; write it yourself"
     assert out["trips"] == {"ring_all_reduce": message}
     assert out["problems"] and set(out["problems"]) == {message}
+
+
+@pytest.mark.notebook
+def test_an_answer_may_not_start_programs_while_graded(tmp_path):
+    """`cat`, `git show`, a shell glob read what the kernel's audit hook guards (the solutions,
+    the judge's cache): an answer that starts a program is refused; a lab a check starts is
+    labkit's and runs."""
+    path, template = _course(tmp_path, {
+        "popen": "import subprocess\npopen = int(subprocess.run(['echo', '16'], "
+                 "capture_output=True, text=True).stdout)",
+        "shell": "out = get_ipython().getoutput('echo 16')\nshell = int(out[0])",
+        "system": "import os\nos.system('true')\nsystem = 16",
+        "honest": "honest = 2 + 2 + 4 + 4 + 4"})
+    report = grader.grade_notebook(path, template=template, timeout=60)
+    popen, shell, system, honest = report.checks
+    for check, what in ((popen, "['echo', '16']"), (shell, "echo 16"), (system, "true")):
+        assert check.message.startswith(f"your exercise {check.name} starts a program "), \
+            check.message
+        assert what in check.message, check.message
+    assert honest.passed, report.format()

@@ -22,20 +22,16 @@ import re
 import sys
 import types
 
-from labkit.course.grading import GradingError
+from labkit.course import fence
+from labkit.course.fence import ForbiddenCall  # noqa: F401 (the refusal, raised here too)
 
-ALWAYS = ("labkit.course.reference", "labkit.course.forbid")   # forbidden to every exercise
+# forbidden to every exercise: the checks' answers, the grader's guards, the quizzes' answers
+ALWAYS = ("labkit.course.reference", "labkit.course.forbid", "labkit.quiz")
+RANK_PROTECTED = "LABKIT_RANK_PROTECTED"   # labkit.labs.common.exercise's: the closed dirs (JSON)
 _SOLUTIONS_WORD = re.compile(r"(^|[\\/])solutions([\\/]|$)")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 # what reaches past a guard to the function it guards (or to where the guards keep it)
 INTROSPECTION = ("__wrapped__", "__closure__", "__globals__", "cell_contents")
-
-
-class ForbiddenCall(GradingError):
-    """An exercise used what it was asked to write (or read the solutions)."""
-
-    def _title(self) -> str:
-        return "answer not accepted"
 
 
 def valid_name(name) -> bool:
@@ -172,15 +168,12 @@ def scan(source: str, forbid, exercise: str) -> str | None:
 _PLAN: dict[str, set[str]] = {}      # exercise -> forbidden dotted names
 _LEARNER: dict[str, str] = {}        # code file name of an exercise cell -> exercise
 _TRIPS: dict[str, str] = {}          # exercise -> the first refusal
-_PROTECTED: list[str] = []
 _CURRENT: list[str] = []             # the exercise that ran last
 _WHOLE: dict[str, set[str]] = {}     # exercise -> source files of the modules it forbids whole
 _WHOLE_ANY: set[str] = set()         # ... of any exercise
 _REPLACED: dict[int, tuple] = {}     # id(original) -> (original, guard), until install() ends
 _RANKS: list[str] = []               # in a rank (install_ranks): the learner's definition
 _THREADS: set[int] = set()           # in a rank: threads that the learner's code started
-_STDLIB = os.path.dirname(os.__file__) + os.sep
-_LIBRARY: dict[str, bool] = {}       # file name -> Python's own library (cache)
 
 
 def _resolve(name: str):
@@ -207,13 +200,7 @@ def _refuse(exercise: str, message: str):
     raise ForbiddenCall(message)
 
 
-def _library(filename: str) -> bool:
-    """Python's own library (functools, threading, ...): code that only passes a call on."""
-    hit = _LIBRARY.get(filename)
-    if hit is None:
-        hit = _LIBRARY[filename] = filename.startswith("<frozen ") or (
-            filename.startswith(_STDLIB) and "-packages" not in filename)
-    return hit
+_library = fence.library
 
 
 def _learner_frame(frame):
@@ -419,78 +406,41 @@ def _replace_everywhere() -> None:
     _REPLACED.clear()
 
 
-# audit events that name a path (argument positions), and what the learner's code does by them
-_PATH_EVENTS = {"open": ((0,), "reads"), "os.truncate": ((0,), "truncates"),
-                "os.remove": ((0,), "deletes"), "os.rmdir": ((0,), "deletes"),
-                "shutil.rmtree": ((0,), "deletes"), "os.rename": ((0, 1), "moves"),
-                "shutil.move": ((0, 1), "moves"), "os.link": ((0, 1), "links"),
-                "os.symlink": ((0, 1), "links"), "os.mkdir": ((0,), "writes into"),
-                "os.chmod": ((0,), "changes"), "os.utime": ((0,), "changes")}
+def _current() -> str:
+    return _RANKS[0] if _RANKS else (_CURRENT[-1] if _CURRENT else "?")
 
 
-def _protected(path) -> bool:
-    if isinstance(path, int):
-        return False
-    try:
-        path = os.path.abspath(os.fsdecode(path))
-    except (TypeError, ValueError):
-        return False
-    return any(path == d or path.startswith(d + os.sep) for d in _PROTECTED)
-
-
-# Starting a program: from an answer's code it could read what the audit hook guards (`cat`,
-# `git show`, a shell glob), so it is refused, unless labkit's own code starts it (a lab).
-_PROCESS_EVENTS = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
-                   "pty.spawn", "os.startfile")
-_LABKIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-
-
-def _starter(frame):
-    """The answer's frame that starts a program, or None when labkit's code starts it (a lab
-    a check runs) or no answer's code is on the stack."""
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if filename in _LEARNER:
-            return frame
-        if filename.startswith(_LABKIT_DIR):
-            return None
-        frame = frame.f_back
+def _learner_file(filename: str) -> str | None:
+    """The exercise whose code the file `filename` is (fence's view of the learner). In the
+    grading kernel, code of a cell that is neither an answer nor the template's (the template's
+    runs through labkit.course.seal, under its own names) is the learner's too: what an input
+    transformer or another of IPython's hooks made of a cell."""
+    label = _LEARNER.get(filename)
+    if label is not None:
+        return _RANKS[0] if _RANKS else label
+    if not _RANKS and _CURRENT and _cell_file(filename) and not fence.trusted(filename):
+        return _current()               # once answers run: a cell the grader did not send
     return None
 
 
-def _audit(event: str, args) -> None:
-    """Refuse opening, changing or deleting anything under the protected (solutions) dirs, and
-    an answer starting a program."""
-    if not _PROTECTED:
-        return
-    if event in _PROCESS_EVENTS:
-        who = _starter(sys._getframe(1))
-        if who is not None:
-            exercise = _LEARNER[who.f_code.co_filename]
-            what = args[1] if event == "subprocess.Popen" and len(args) > 1 else args[0]
-            message = (f"your exercise {exercise} starts a program ({str(what)[:80]}); answers "
-                       "may not while they are graded: write it in Python")
-            _TRIPS.setdefault(exercise, message)
-            raise ForbiddenCall(message)
-        return
-    if event not in _PATH_EVENTS:
-        return
-    positions, verb = _PATH_EVENTS[event]
-    hits = [args[i] for i in positions if i < len(args) and _protected(args[i])]
-    if not hits:
-        return
-    if event == "open" and isinstance(args[1], str) and set(args[1]) & set("wax+"):
-        verb = "writes"
-    exercise = _CURRENT[-1] if _CURRENT else "?"
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_filename in _LEARNER:
-            exercise = _LEARNER[frame.f_code.co_filename]
-            break
-        frame = frame.f_back
-    message = f"your exercise {exercise} {verb} the solutions ({hits[0]}); write it yourself"
-    _TRIPS.setdefault(exercise, message)
-    raise ForbiddenCall(message)
+def _cell_file(filename: str) -> bool:
+    """A file name IPython gives a cell's code (ipykernel: <tmp>/ipykernel_<pid>/<hash>.py)."""
+    return (os.path.basename(os.path.dirname(filename)).startswith("ipykernel_")
+            or filename.startswith("<ipython-input-"))
+
+
+def _learner_thread() -> str | None:
+    """The exercise whose code started this thread, or None."""
+    return _current() if _thread.get_ident() in _THREADS else None
+
+
+def _note(label: str, message: str) -> None:
+    _TRIPS.setdefault(label, message)
+
+
+def _fence(protected) -> None:
+    fence.install(protected, learner_file=_learner_file, learner_thread=_learner_thread,
+                  note=_note, current=_current)
 
 
 def install(plan: dict, protected=()) -> None:
@@ -521,10 +471,8 @@ def install(plan: dict, protected=()) -> None:
     for exercise, names in _PLAN.items():
         _WHOLE[exercise] = set().union(*(files.get(n, set()) for n in names | set(ALWAYS)))
         _WHOLE_ANY.update(_WHOLE[exercise])
-    for d in protected:
-        _PROTECTED.extend({os.path.abspath(d), os.path.realpath(d)})
-    if _PROTECTED:
-        sys.addaudithook(_audit)
+    _watch_threads()
+    _fence(protected)
 
 
 def expect(exercise: str, source: str) -> None:
@@ -598,11 +546,15 @@ def install_ranks(names, source: str, label: str) -> None:
         _replace_everywhere()
         _watch_threads()
     _LEARNER[os.fspath(source)] = _RANKS[0]
+    _fence(json.loads(os.environ.get(RANK_PROTECTED, "[]")))
 
 
 def _watch_threads() -> None:
     """Threads started while the learner's code is on the stack are the learner's."""
     import threading
+
+    if getattr(_thread.start_new_thread, "labkit_watched", False):
+        return
 
     def watched(start):
         def start_thread(function, *args, **kwargs):
@@ -616,6 +568,7 @@ def _watch_threads() -> None:
                 finally:
                     _THREADS.discard(_thread.get_ident())
             return start(run, *args, **kwargs)
+        start_thread.labkit_watched = True
         return start_thread
 
     for owner, attr in ((_thread, "start_new_thread"), (_thread, "start_new"),

@@ -412,9 +412,11 @@ class _Progress:
                                      "back before each check")
 
 
-def _guards(lay, template_nb, graded, path: Path, template: Path) -> dict[int, list[str]]:
+def _guards(lay, template_nb, graded, path: Path, template: Path,
+            digests: dict | None = None) -> dict[int, list[str]]:
     """Snippets the kernel runs before cells: install the guards (labkit.course.forbid) and the
-    seal (labkit.course.seal), then name each answer."""
+    seal (labkit.course.seal, with the `digests` of the cells `sealed` wrote), then name each
+    answer."""
     plan = {e.id: list(e.forbid) for e in lay.exercises}
     protected = {str(template.parent.resolve())} | {str(d) for d in _solutions_dirs(path)}
     if any(path.resolve().is_relative_to(d) for d in protected):
@@ -427,7 +429,8 @@ def _guards(lay, template_nb, graded, path: Path, template: Path) -> dict[int, l
     modules = set().union(*(seal.imported_modules(c.source) for i, c in enumerate(graded.cells)
                             if c.cell_type == "code" and i not in answers))
     before = {first: [f"{_FORBID}.install({plan!r}, {sorted(protected)!r})",
-                      f"{_SEAL}.install({sorted(learner)!r}, {sorted(modules)!r})"]}
+                      f"{_SEAL}.install({sorted(learner)!r}, {sorted(modules)!r}, "
+                      f"{dict(digests or {})!r})"]}
     for e in lay.exercises:
         code = f"{_FORBID}.expect({e.id!r}, {graded.cells[e.index].source!r})"
         before.setdefault(e.index, []).append(code)
@@ -476,10 +479,13 @@ def sealed(graded, lay: ex_mod.Layout, judged: bool = True):
     nb = copy.deepcopy(graded)
     answers = {e.index for e in lay.exercises}
     checks = {c.index for c in lay.checks}
+    digests = {}
     for i, cell in enumerate(nb.cells):
         if cell.cell_type == "code" and i not in answers and cell.source.strip():
             source = judged_source(cell.source) if judged and i in checks else cell.source
-            cell.source = f"{_SEAL}.run({i}, {source!r}, check={i in checks})"
+            digests[i] = hashlib.sha256(source.encode()).hexdigest()
+            cell.source = seal.cell_text(i, source, i in checks)
+    nb.metadata["labkit_seal"] = digests      # for seal.install (`_guards`)
     return nb
 
 
@@ -507,9 +513,10 @@ def _judge(name, template_nb, lay, template: Path, timeout, grace, on_judge):
     solutions = build_graded_notebook(template_nb, lay, own)
     with tempfile.TemporaryDirectory(prefix="labkit-judge-") as scratch:
         try:
-            runs = execute(sealed(solutions, lay, judged=False), timeout=timeout,
-                           cwd=Path(scratch),
-                           before=_guards(lay, template_nb, solutions, template, template),
+            nb = sealed(solutions, lay, judged=False)
+            runs = execute(nb, timeout=timeout, cwd=Path(scratch),
+                           before=_guards(lay, template_nb, solutions, template, template,
+                                          nb.metadata["labkit_seal"]),
                            probe=None, grace=grace)
         except KernelStartError as exc:
             raise GradeInputError(str(exc)) from exc
@@ -600,9 +607,10 @@ def grade_notebook(path: Path | str, template: Path | str | None = None, *,
     judge = None if own else _judge(name, template_nb, lay, template_path, timeout, grace, on_judge)
     progress = _Progress(lay, sources, timeout, report, on_check, judge)
     try:
-        runs = execute(sealed(graded, lay, judged=not own), timeout=timeout,
-                       cwd=Path(cwd) if cwd else path.resolve().parent,
-                       before=_guards(lay, template_nb, graded, path, template_path),
+        nb = sealed(graded, lay, judged=not own)
+        runs = execute(nb, timeout=timeout, cwd=Path(cwd) if cwd else path.resolve().parent,
+                       before=_guards(lay, template_nb, graded, path, template_path,
+                                      nb.metadata["labkit_seal"]),
                        probe=f"{_SEAL}.status()", on_cell=progress.cell_done, grace=grace)
     except KernelStartError as exc:
         raise GradeInputError(str(exc)) from exc

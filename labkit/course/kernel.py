@@ -360,8 +360,8 @@ def take_dropped() -> int:
     return dropped
 
 
-_SETUP = f"__import__('labkit.course.kernel', fromlist=['_']).bound_messages({MESSAGE_CHARS})"
-_DROPPED = "__import__('labkit.course.kernel', fromlist=['_']).take_dropped()"
+_SETUP = f"__import__('labkit.course.kernel', fromlist=['kernel']).bound_messages({MESSAGE_CHARS})"
+_DROPPED = "__import__('labkit.course.kernel', fromlist=['kernel']).take_dropped()"
 
 
 def _snippet(client, code: str, expressions: dict | None = None) -> dict:

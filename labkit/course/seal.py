@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import hashlib
 import importlib
 import inspect
 import json
@@ -20,6 +21,8 @@ import linecache
 import re
 import sys
 import types
+
+from labkit.course import fence
 
 STANDARD = ("builtins", "math", "numbers", "operator", "functools")
 _IPYTHON_OWNED = {"_", "__", "___", "exit", "quit", "get_ipython", "display", "__IPYTHON__"}
@@ -36,7 +39,6 @@ _TABLES: list[tuple[str, object, object]] = []          # (label, container, cop
 _METHODS: list[tuple[str, object, set[str]]] = []       # (label, object or class, its own keys)
 _HOOKS: dict[str, object] = {}
 _SEEN: set[str] = set()             # modules recorded
-_DONE: set[int] = set()
 _CHANGED: set[str] = set()          # what answers changed and run() put back
 
 
@@ -199,15 +201,61 @@ def _sweep(fix: bool) -> list[str]:
 
 # ------------------------------------------------------------------------------ in the kernel
 
-def install(learner=(), modules=()) -> None:
+def cell_text(index: int, source: str, check: bool) -> str:
+    """The code the grader sends for template cell `index` (`run` checks that it is what ran)."""
+    return f"__import__('labkit.course.seal', fromlist=['seal']).run({index}, {source!r}, " \
+           f"check={check})"
+
+
+def _verdict():
+    """(expect, done, listed): the cells' digests and the checks done live in this closure
+    only (no module attribute an answer could change holds them)."""
+    digests: dict[int, str] = {}
+    finished: set[int] = set()
+    trusted: set[str] = set()       # code files of the cells that ran as the grader sent them
+
+    def expect(cells: dict) -> None:
+        if not digests:
+            digests.update({int(k): v for k, v in cells.items()})
+
+    def done(index: int, source: str, check: bool, caller, mark: bool = False) -> None:
+        """Raise GradingError unless `source` is cell `index`'s and `caller` ran its text
+        (`cell_text`); `mark`: record the check as done."""
+        from labkit.course.grading import GradingError
+
+        if digests and digests.get(index) != hashlib.sha256(source.encode()).hexdigest():
+            raise GradingError(f"the template's cell {index} was changed before it ran (an "
+                               "IPython input transformer or hook?): answers may not")
+        if digests:
+            want = compile(cell_text(index, source, check), caller.co_filename, "single",
+                           dont_inherit=True)
+            if (want.co_code, want.co_consts, want.co_names) != (
+                    caller.co_code, caller.co_consts, caller.co_names):
+                raise GradingError(f"the template's cell {index} did not run as the grader sent "
+                                   "it (an IPython input transformer or hook?): answers may not")
+            trusted.add(caller.co_filename)
+        if mark is True and check is True:
+            finished.add(index)
+
+    fence.trust(trusted.__contains__)
+    return expect, done, lambda: sorted(finished)
+
+
+_expect, _done, _listed = _verdict()
+
+
+def install(learner=(), modules=(), cells=None) -> None:
     """Record what the checks rely on; run before any answer. `learner`: the names the
-    template's exercise cells bind; `modules`: what the template's other cells import.
+    template's exercise cells bind; `modules`: what the template's other cells import;
+    `cells`: {index: sha256 of the source} of the template cells the grader sends (`run`
+    refuses any other).
 
     Recorded: the labkit modules, the standard modules the checks use (STANDARD: builtins,
     math, numbers, operator, functools), the trace function and IPython's error reporting
     (sys.excepthook plays no part in it): functions (their code and defaults too), classes
     (their methods), labkit's tables (GPUS, LINKS, ...: upper-case names)."""
     _LEARNER.update(learner)
+    _expect(cells or {})
     for name in ("labkit.course.grading", "labkit.course.reference", *sorted(modules), *STANDARD):
         try:
             importlib.import_module(name)
@@ -241,9 +289,12 @@ def run(index: int, source: str, check: bool = False) -> None:
        function of the learner's that it calls cannot rebind names under it either.
     2. Code. Everything `install()` recorded is put back before each cell (`status()` lists
        what was), and a check during which any of it changes fails.
-    3. The verdict. A check is recorded as done only when its code ran to its end; the grader
-       passes a check only when its cell's reply says "ok", it shows no error, and it is done.
+    3. The verdict. The cell must be the one the grader sent (its digest, given to `install`,
+       and the code that called this function: an input transformer changes them); a check is
+       recorded as done only when its code ran to its end. The grader decides each check from
+       what it recorded (labkit.course.judge) and passes it only when it is done, too.
     """
+    _done(index, source, check, sys._getframe(1).f_code)
     _CHANGED.update(_sweep(fix=True))
     user = sys.modules["IPython"].get_ipython().user_ns
     ns = dict(user) if check else user
@@ -261,6 +312,7 @@ def run(index: int, source: str, check: bool = False) -> None:
                 _TRUSTED[key] = user[key] = value
     changed = _sweep(fix=True) if check else []
     _record_new_modules()               # loaded by this cell: recorded as it left them
+    fence.freeze()                      # ... and frozen (labkit.course.fence)
     if changed:
         from labkit.course.grading import GradingError
 
@@ -268,12 +320,12 @@ def run(index: int, source: str, check: bool = False) -> None:
         raise GradingError(f"this check cannot be trusted: {', '.join(changed[:5])} changed "
                            "while it ran (does your code change what the checks use?)")
     if check:
-        _DONE.add(index)
+        _done(index, source, check, sys._getframe(1).f_code, mark=True)
 
 
 def status() -> str:
     """JSON for the grader: refusals (labkit.course.forbid), checks done, what was put back."""
     from labkit.course import forbid
 
-    return json.dumps({"trips": json.loads(forbid.trips()), "done": sorted(_DONE),
+    return json.dumps({"trips": json.loads(forbid.trips()), "done": _listed(),
                        "changed": sorted(_CHANGED)})

@@ -592,3 +592,126 @@ def test_an_answer_may_not_start_programs_while_graded(tmp_path):
             check.message
         assert what in check.message, check.message
     assert honest.passed, report.format()
+
+
+# ---------------------------------------------- the second red-team pass (issue 30), refused
+
+RED_TEAM = {   # answer -> the start of its check's message; each passed the grader before
+    "proc_root": ("import os\nbase = '/proc/self/root' + os.environ['LABKIT_JUDGE_CACHE']\n"
+                  "os.makedirs(base, exist_ok=True)\nopen(os.path.join(base, 'x.json'), 'w')\n"
+                  "proc_root = 16", "your exercise ex1 writes into the solutions ("),
+    "ctypes_": ("import ctypes\nctypes_ = 16 + 0 * ctypes.CDLL(None).getpid()",
+                "your exercise ex2 uses ctypes (ctypes.dl"),
+    "private": ("from labkit.plots.zero import _per_param\nprivate = int(sum(_per_param("
+                "'bf16-mixed', 'adamw')))", "your exercise ex3 reads labkit.plots.zero._per_param"),
+    "quiz": ("from labkit.quiz.answers_memory import states_per_param\n"
+             "quiz = states_per_param('bf16-mixed', 'adamw')['answer']",
+             "your exercise ex4 imports labkit.quiz"),
+    "own_files": ("import os, labkit\nopen(os.path.join(os.path.dirname(labkit.__file__), "
+                  "'zz_red_team.txt'), 'w')\nown_files = 16",
+                  "your exercise ex5 writes labkit's own files"),
+    "seal_run": ("import sys\nseal = sys.modules['labkit.course.seal']\nrun = seal.run\n"
+                 "seal.run = lambda i, s, check=False: run(i, s.replace('==', '!='), check)\n"
+                 "seal_run = 0", "your exercise ex6 changes labkit.course.seal.run"),
+    "honest": ("honest = 2 + 2 + 4 + 4 + 4", None),
+}
+
+
+@pytest.mark.notebook
+def test_the_second_red_team_passs_shortcuts_are_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("LABKIT_JUDGE_CACHE", str(tmp_path / "judge"))
+    path, template = _course(tmp_path, {k: a for k, (a, _) in RED_TEAM.items()})
+    (tmp_path / "link").symlink_to(template.parent)
+    try:
+        report = grader.grade_notebook(path, template=template, timeout=60)
+    finally:
+        stray = Path(grader.__file__).resolve().parents[1] / "zz_red_team.txt"
+        written = stray.exists()
+        stray.unlink(missing_ok=True)
+    assert not written
+    assert not list((tmp_path / "judge").glob("x.json"))
+    for check, (_, message) in zip(report.checks, RED_TEAM.values()):
+        if message is None:
+            assert check.passed, report.format()
+        else:
+            assert check.message.startswith(message), (check.name, check.message)
+
+
+@pytest.mark.notebook
+def test_a_link_or_proc_root_to_the_solutions_is_refused(tmp_path):
+    path, template = _course(tmp_path, {"via_link": "via_link = 16", "honest": "honest = 16"})
+    (path.parent / "answers").symlink_to(template.parent)
+    nb = nbformat.read(str(path), as_version=4)
+    cell = next(c for c in nb.cells if "via_link = 16" in c.source)
+    cell.source = (f"import os\nopen(os.path.join('answers', {template.name!r})).read()\n"
+                   f"open('/proc/self/root' + {str(template)!r}).read()\nvia_link = 16")
+    nbformat.write(nb, str(path))
+    report = grader.grade_notebook(path, template=template, timeout=60)
+    assert report.checks[0].message.startswith("your exercise ex1 reads the solutions ("), \
+        report.checks[0].message
+    assert report.checks[1].passed
+
+
+TRANSFORMER = """import re
+import sys
+
+def lift(lines):
+    text = ''.join(lines)
+    if 'seal' in text and 'check=True' in text:
+        return [re.sub(r"grading\\.check\\('ex1', [^,]+,", "grading.check('ex1', True,", text)]
+    return lines
+
+get_ipython().input_transformers_post.append(lift)
+ex1 = 0
+"""
+
+
+@pytest.mark.notebook
+def test_a_transformer_that_rewrites_a_check_is_caught(tmp_path):
+    """The red team's input transformer: every `grading.check(name, COND, ...)` of the check
+    cells rewritten to True. The seal runs only the cells the grader sent (their digests)."""
+    v4 = nbformat.v4
+    cells = [v4.new_code_cell("from labkit.course import grading"),
+             v4.new_code_cell("### BEGIN SOLUTION\nex1 = 16\n### END SOLUTION",
+                              metadata={"tags": ["exercise"]}),
+             v4.new_code_cell("grading.check('ex1', ex1 == 16, 'ex1 is not 16')",
+                              metadata={"tags": ["check"]})]
+    template = tmp_path / "solutions" / "97_transformer.ipynb"
+    template.parent.mkdir()
+    nbformat.write(v4.new_notebook(cells=cells), str(template))
+    learner = ex.render(ex.read_notebook(template), template.name)
+    next(c for c in learner.cells if "exercise" in c.metadata.get("tags", [])).source = \
+        TRANSFORMER
+    path = tmp_path / "exercises" / template.name
+    path.parent.mkdir()
+    nbformat.write(learner, str(path))
+    report = grader.grade_notebook(path, template=template, timeout=60)
+    assert not report.checks[0].passed
+    assert "was changed before it ran" in report.checks[0].message, report.checks[0].message
+
+
+RING_PATCH = """
+import sys
+
+
+def ring_all_reduce(tensor):
+    sys.modules["labkit.runtime.dist"].report = lambda **metrics: None
+    return tensor
+"""
+
+
+@pytest.mark.multirank
+def test_02_ranks_refuse_a_patch_of_the_labs_own_code(tmp_path):
+    """The red team's rank trick: the answer replaces what the lab reports with (every lab
+    reports through labkit.runtime.dist.report). labkit's modules are frozen in the ranks too."""
+    path = tmp_path / "answer.py"
+    path.write_text(RING_PATCH)
+    script = RANKS.replace('ns["r"].problems()', '[p for p in ns["r"].problems if p]')
+    out = json.loads(_python(script, str(SOLUTIONS / "02_collectives.ipynb"), "ring_all_reduce",
+                             str(path), "from labkit.labs.ring import run_user_collective; "
+                             "r = run_user_collective(ring_all_reduce, nproc=2)",
+                             timeout=300).splitlines()[-1])
+    message = ("your exercise ring_all_reduce changes labkit.runtime.dist.report, labkit's own "
+               "(a way around the grader's guards); write it yourself")
+    assert out["trips"] == {"ring_all_reduce": message}
+    assert out["problems"] and set(out["problems"]) == {message}

@@ -140,7 +140,8 @@ def rank_guard(*objs) -> tuple[dict, str | None]:
     if plan is None:
         return {}, None
     exercise, names = plan
-    return {RANK_FORBID: json.dumps(names), RANK_GUARD: forbid.__name__}, exercise
+    return {RANK_FORBID: json.dumps(names), RANK_GUARD: forbid.__name__,
+            forbid.RANK_PROTECTED: json.dumps(forbid.fence.protected())}, exercise
 
 
 def note_refusal(out: dict) -> None:

@@ -1,0 +1,33 @@
+"""The planner against a measured sweep: how its predictions rank and size what was measured.
+
+    labkit bench field                        # the Ultra-Scale Playbook's 1B / 8B sweep
+    labkit bench field -- --mfu 0.4           # with another matmul efficiency
+
+Prices every configuration of labkit/data/usp_sweep_1b_8b.csv as it ran (labkit.field) and
+prints the rank correlation of predicted vs measured tokens/s per GPU within each (model,
+nodes) group, how often the predicted fit agrees with ran/crashed, and the median ratio of
+predicted to measured throughput. Issue 31's reach: median Spearman >= 0.7 with >= 80 % of
+groups >= 0.5, fits agreement >= 85 %, median ratio in 0.8-1.25 with >= 50 % within 25 %.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="labkit bench field", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mfu", type=float, default=None,
+                        help="the planner's matmul efficiency (default: the planner's)")
+    args = parser.parse_args(argv or [])
+    if args.mfu is not None and not 0 < args.mfu <= 1:
+        parser.error(f"--mfu={args.mfu:g} must be in (0, 1]")
+    from labkit import field
+
+    start = time.perf_counter()
+    rows = field.price_sweep(**({} if args.mfu is None else {"mfu": args.mfu}))
+    metrics = field.sweep_metrics(rows)
+    print(metrics.text())
+    print(f"priced in {time.perf_counter() - start:.2f} s")
+    return 0

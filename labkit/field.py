@@ -1,0 +1,180 @@
+"""The planner against the field: a measured layout sweep and published runs, priced as run.
+
+    >>> rows = price_sweep()                  # every configuration of the sweep, `evaluate`d
+    >>> m = sweep_metrics(rows); m.median_spearman, m.fits_agreement, m.median_ratio
+    >>> print(m.text())
+
+The sweep (labkit/data/usp_sweep_1b_8b.csv, its header gives the source): every configuration
+of the Hugging Face Ultra-Scale Playbook's benchmark figure for its 1B and 8B models, 1 to 64
+nodes of 8 H100s, measured tokens/s per GPU and memory, or crashed/OOM. Each is priced as it was
+run (`SWEEP_SETUP`). Pure Python.
+"""
+from __future__ import annotations
+
+import csv
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from labkit.models import _llama
+
+SWEEP_CSV = Path(__file__).resolve().parent / "data" / "usp_sweep_1b_8b.csv"
+# The sweep's models (the CSV header: nanotron's scaling_benchmarks.py model_configs, KV heads
+# = heads, vocabulary 131,072; the 1B ties its embeddings).
+SWEEP_MODELS = {
+    "1B": _llama("usp-1b", 2048, 16, 32, 32, 8192, 131072, 4096).with_(tied_embeddings=True),
+    "8B": _llama("usp-8b", 4096, 32, 32, 32, 14336, 131072, 4096),
+}
+# How every configuration ran (the CSV header): H100 SXM nodes of 8, sequence 4,096, bf16 with
+# fp32 gradient accumulation, no recomputation, sequence parallelism with TP, 1F1B.
+SWEEP_SETUP = dict(gpu="h100-sxm", gpus_per_node=8, seq_len=4096, precision="bf16-mixed",
+                   grad_accum="fp32", schedule="1f1b")
+# A run more than this many times slower than its (model, nodes) group's best is one of that
+# framework's breakdowns (pipeline or cross-node TP), not something a cost model prices: left
+# out of the rank correlations and ratios, and counted (`SweepMetrics.left_out`).
+BREAKDOWN = 10.0
+
+
+@dataclass
+class SweepRow:
+    model: str
+    nodes: int
+    layout: object                  # labkit.planner.Layout
+    grad_acc: int
+    status: str                     # "ok" or "oom" (crashed / out of memory)
+    measured_tokens: float | None   # tokens/s per GPU, when the figure has them
+    measured_mfu: float | None
+    measured_gb: float | None
+    estimate: object = None         # labkit.planner.Estimate, or None
+    problem: str = ""               # why it could not be priced
+
+    @property
+    def predicted_tokens(self) -> float | None:
+        e = self.estimate
+        return None if e is None else e.tokens_per_second / e.layout.gpus
+
+
+def sweep_rows(path: Path | str = SWEEP_CSV) -> list[SweepRow]:
+    """The sweep's configurations (not priced)."""
+    from labkit.planner import Layout
+
+    def number(text):
+        return float(text) if text not in ("", None) else None
+
+    with open(path, encoding="utf-8") as f:
+        reader = csv.DictReader(line for line in f if not line.startswith("#"))
+        rows = []
+        for r in reader:
+            tp, pp, dp = int(r["tp"]), int(r["pp"]), int(r["dp"])
+            lay = Layout(tp=tp, pp=pp, dp=dp, sharding="zero1" if r["zero"] == "1" else "ddp",
+                         micro_batch=int(r["mbs"]), recompute="none",
+                         sequence_parallel=tp > 1)
+            rows.append(SweepRow(r["model"], int(r["nodes"]), lay, int(r["grad_acc"]),
+                                 r["status"], number(r["tok_s_gpu"]), number(r["mfu"]),
+                                 number(r["mem_gb"])))
+    return rows
+
+
+def price_sweep(rows: list[SweepRow] | None = None, **planner_kwargs) -> list[SweepRow]:
+    """Each row `evaluate`d as it ran (SWEEP_SETUP, its model, global batch = micro-batch x
+    gradient accumulation x dp); `planner_kwargs` override (e.g. mfu=)."""
+    from labkit.planner import evaluate
+
+    rows = sweep_rows() if rows is None else rows
+    for row in rows:
+        lay = row.layout
+        try:
+            row.estimate = evaluate(SWEEP_MODELS[row.model], lay,
+                                    global_batch=lay.micro_batch * row.grad_acc * lay.dp,
+                                    **{**SWEEP_SETUP, **planner_kwargs})
+        except ValueError as exc:
+            row.problem = str(exc)
+    return rows
+
+
+def spearman(x: list[float], y: list[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties)."""
+    def ranks(v):
+        order = sorted(range(len(v)), key=v.__getitem__)
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(v):
+            j = i
+            while j + 1 < len(v) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2
+            i = j + 1
+        return r
+
+    rx, ry = ranks(x), ranks(y)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    num = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    den = math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
+    return num / den if den else float("nan")
+
+
+@dataclass
+class SweepMetrics:
+    groups: dict = field(default_factory=dict)     # (model, nodes) -> (spearman, runs)
+    fits_agreement: float = 0.0     # share of priced rows whose fit = ran (ok) / crashed (oom)
+    priced: int = 0
+    unpriced: int = 0               # rows `evaluate` refused (e.g. TP across nodes)
+    left_out: int = 0               # runs > BREAKDOWN x slower than their group's best
+    ratios: list = field(default_factory=list)     # predicted / measured tokens/s per GPU
+
+    @property
+    def median_spearman(self) -> float:
+        return statistics.median(r for r, _ in self.groups.values())
+
+    @property
+    def share_groups_at_half(self) -> float:
+        return sum(r >= 0.5 for r, _ in self.groups.values()) / len(self.groups)
+
+    @property
+    def median_ratio(self) -> float:
+        return statistics.median(self.ratios)
+
+    @property
+    def share_within_25(self) -> float:
+        return sum(0.75 <= x <= 1.25 for x in self.ratios) / len(self.ratios)
+
+    def text(self) -> str:
+        lines = [f"{self.priced:,} configurations priced ({self.unpriced:,} refused by the "
+                 f"planner; {self.left_out:,} runs > {BREAKDOWN:g}x slower than their group's "
+                 "best left out)",
+                 f"rank correlation (Spearman) of predicted vs measured tokens/s per (model, "
+                 f"nodes) group: median {self.median_spearman:.2f}, "
+                 f"{self.share_groups_at_half:.0%} of {len(self.groups)} groups >= 0.5",
+                 f"fits vs ran/crashed: {self.fits_agreement:.1%} agree",
+                 f"predicted / measured tokens/s: median {self.median_ratio:.2f}, "
+                 f"{self.share_within_25:.0%} within 25 %"]
+        for (model, nodes), (rho, n) in sorted(self.groups.items(),
+                                               key=lambda kv: (kv[0][0], kv[0][1])):
+            lines.append(f"  {model} on {nodes:>2} nodes: Spearman {rho:+.2f} over {n} runs")
+        return "\n".join(lines)
+
+
+def sweep_metrics(rows: list[SweepRow]) -> SweepMetrics:
+    """How the priced `rows` agree with what was measured."""
+    out = SweepMetrics()
+    groups: dict = {}
+    for row in rows:
+        if row.estimate is None:
+            out.unpriced += 1
+            continue
+        out.priced += 1
+        out.fits_agreement += row.estimate.fits == (row.status == "ok")
+        if row.measured_tokens:
+            groups.setdefault((row.model, row.nodes), []).append(row)
+    out.fits_agreement /= max(1, out.priced)
+    for key, runs in groups.items():
+        best = max(r.measured_tokens for r in runs)
+        kept = [r for r in runs if r.measured_tokens >= best / BREAKDOWN]
+        out.left_out += len(runs) - len(kept)
+        out.ratios += [r.predicted_tokens / r.measured_tokens for r in kept]
+        if len(kept) >= 3:
+            out.groups[key] = (spearman([r.predicted_tokens for r in kept],
+                                        [r.measured_tokens for r in kept]), len(kept))
+    return out

@@ -1,0 +1,55 @@
+"""labkit.field: the measured sweep, read and priced as run, and its agreement figures.
+
+The figures asserted are the planner's today (issue 31 asks for more: median Spearman >= 0.7,
+fits agreement >= 85 %, median ratio within 0.8-1.25); they guard against a change that makes
+the planner agree less with the field. Each can fail: a shuffled prediction, a model that fits
+everything, a planner twice as optimistic."""
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from labkit import field
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return field.price_sweep()
+
+
+def test_the_sweep_is_read_whole_with_its_layouts():
+    rows = field.sweep_rows()
+    assert len(rows) == 1643
+    assert {r.model for r in rows} == {"1B", "8B"} and {r.status for r in rows} == {"ok", "oom"}
+    for r in rows:
+        assert r.layout.gpus == 8 * r.nodes
+    # the header's check: MFU = tok/s/GPU x 6P(+attention) / 989e12, P from the shapes
+    assert field.SWEEP_MODELS["1B"].num_params() == pytest.approx(1.34e9, rel=0.01)
+    assert field.SWEEP_MODELS["8B"].num_params() == pytest.approx(8.86e9, rel=0.01)
+
+
+def test_spearman_is_the_rank_correlation():
+    assert field.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert field.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert field.spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9486833, rel=1e-6)
+
+
+def test_the_planner_agrees_with_the_sweep_at_least_as_well_as_today(rows):
+    m = field.sweep_metrics(rows)
+    print("\n" + m.text())
+    assert m.priced >= 1200 and len(m.groups) == 14
+    assert m.median_spearman >= 0.38
+    assert m.fits_agreement >= 0.80
+    assert 0.5 <= m.median_ratio <= 1.8
+
+
+def test_the_figures_can_fail(rows):
+    m = field.sweep_metrics(rows)
+    rng = random.Random(0)
+    priced = [r for r in rows if r.estimate is not None and r.measured_tokens]
+    tokens = [r.measured_tokens for r in priced]
+    rng.shuffle(tokens)
+    shuffled = [replace(r, measured_tokens=t) for r, t in zip(priced, tokens)]
+    assert field.sweep_metrics(shuffled).median_spearman < m.median_spearman - 0.2

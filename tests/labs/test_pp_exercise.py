@@ -348,3 +348,11 @@ def test_untouched_exercises_fail_and_shortcuts_are_refused(tmp_path):
     assert "order imports labkit.pipeline; write it yourself" in verdict["order"].message
     for name in ("microbatches", "gpipe", "memory"):
         assert "not attempted yet" in verdict[name].message, verdict[name].message
+
+
+def test_a_fatal_error_is_one_problem_not_one_per_aspect():
+    from labkit.labs.pp.check import ASPECTS, GPipeCheck
+
+    check = GPipeCheck("gpipe_step", 4, 8, error="rank 1 raised ValueError: boom")
+    assert check.verdicts() == dict.fromkeys(ASPECTS, "rank 1 raised ValueError: boom")
+    assert check.problems() == ["rank 1 raised ValueError: boom"] and not check.ok

@@ -40,7 +40,8 @@ class GPipeCheck:
         return not self.problems()
 
     def problems(self) -> list[str]:
-        return [v for v in self.verdicts().values() if v]
+        """One sentence per thing that is wrong (a fatal error once, not once per aspect)."""
+        return list(dict.fromkeys(v for v in self.verdicts().values() if v))
 
     def peak_in_flight(self) -> list[int]:
         """Per rank: the most micro-batches forwarded and not yet backwarded at one time."""

@@ -222,10 +222,12 @@ def _setup(model, gpus, gpu, gpus_per_node, global_batch, seq_len, precision, op
 
 
 def degree_problem(spec, lay: Layout, gpus_per_node: int, seq_len: int,
-                   min_cp_tokens: int = 1) -> str | None:
-    """Why degrees tp, pp, cp (and sequence parallelism) cannot run `spec`, or None."""
+                   min_cp_tokens: int = 1, cross_node_tp: bool = False) -> str | None:
+    """Why degrees tp, pp, cp (and sequence parallelism) cannot run `spec`, or None.
+    cross_node_tp: TP over whole nodes is priced (on the inter-node link), not refused."""
     t, s = lay.tp, seq_len
-    if t > gpus_per_node or gpus_per_node % t:
+    whole_nodes = cross_node_tp and t > gpus_per_node and t % gpus_per_node == 0
+    if (t > gpus_per_node or gpus_per_node % t) and not whole_nodes:
         return (f"tp across nodes: tp={t} with {gpus_per_node} GPUs per node; TP's per-layer "
                 f"collectives need the intra-node link: tp must divide {gpus_per_node}")
     for what, count in tp_splits(spec).items():
@@ -283,12 +285,15 @@ def evaluate(model, layout: Layout, gpu="h100-sxm", gpus_per_node=8, global_batc
              attention=None) -> Estimate:
     """Price ONE layout (e.g. a published run's) as `plan` prices each: an Estimate whose `.fits`
     says whether it fits. A layout that cannot run at all (degrees that do not divide, a batch
-    that does not split) is a ValueError with the reason. layout.chunks > 1: interleaved 1F1B."""
+    that does not split) is a ValueError with the reason. layout.chunks > 1: interleaved 1F1B.
+    TP over whole nodes, which `plan` refuses, is priced on the inter-node link (runs measured
+    that way exist: labkit.field's sweep)."""
     lay = _check_layout(layout)
     spec, pricer, inputs = _setup(model, lay.gpus, gpu, gpus_per_node, global_batch, seq_len,
                                   precision, optimizer, mfu, intra_link, inter_link, schedule,
                                   grad_accum, implementation, attention)
-    problem = degree_problem(spec, lay, inputs["gpus_per_node"], inputs["seq_len"])
+    problem = degree_problem(spec, lay, inputs["gpus_per_node"], inputs["seq_len"],
+                             cross_node_tp=True)
     est, why = (None, problem) if problem else _price(pricer, lay, inputs)
     if est is None:
         raise ValueError(f"layout {lay} cannot run {spec.name}: {why}")

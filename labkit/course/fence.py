@@ -2,11 +2,11 @@
 
 An audit hook refuses, with ForbiddenCall: reading or writing the protected directories (the
 solutions, the judge's cache), also through /proc/self/root or a link (paths are resolved);
-writing labkit's own files; starting a program (unless labkit starts it: a lab); ctypes and
-gc's object walks. labkit's loaded modules are frozen (`freeze`): an answer may not set or
-delete their attributes, read their private names or their __dict__. Whose code is the
-learner's is labkit.course.forbid's to say (`install(..., learner_file, learner_thread)`).
-Not a sandbox: it stops what a curious learner reaches for, not code written against it.
+writing labkit's own files; an answer starting a program (even through labkit), using ctypes or
+gc's object walks, compiling code that names INTROSPECTION; running a loaded labkit module's
+code again (an unguarded copy). labkit's modules are frozen (`freeze`): answers may not set or
+delete their attributes, read private names or __dict__; nor set those of SET_FROZEN modules.
+Whose code is the answer's is labkit.course.forbid's to say (`install`). Not a sandbox.
 """
 from __future__ import annotations
 
@@ -64,10 +64,9 @@ def _refuse(label: str, message: str):
     raise ForbiddenCall(message)
 
 
-def _learner(frame, stop_at_labkit: bool = False, direct: bool = False) -> str | None:
+def _learner(frame, direct: bool = False) -> str | None:
     """The exercise whose code is on the stack from `frame` outwards (or whose thread this is);
-    None when none is. stop_at_labkit: labkit's code between passes the call on (a lab it
-    starts); direct: the first frame outside Python's library decides."""
+    None when none is. direct: the first frame outside Python's library decides."""
     if not _WHO:
         return None
     learner_file, learner_thread = _WHO
@@ -76,8 +75,6 @@ def _learner(frame, stop_at_labkit: bool = False, direct: bool = False) -> str |
         label = learner_file(filename)
         if label is not None:
             return label
-        if stop_at_labkit and filename.startswith(_LABKIT + os.sep):
-            return None
         if direct and not library(filename):
             return None
         frame = frame.f_back
@@ -117,7 +114,7 @@ def _bytecode(path, frame) -> bool:
 
 def _audit(event: str, args) -> None:
     if event in _PROCESS_EVENTS:
-        label = _learner(sys._getframe(1), stop_at_labkit=True)
+        label = _learner(sys._getframe(1))          # labkit between does not launder it
         if label is not None:
             what = args[1] if event == "subprocess.Popen" and len(args) > 1 else args[0]
             _refuse(label, f"your exercise {label} starts a program ({str(what)[:80]}); answers "
@@ -128,6 +125,12 @@ def _audit(event: str, args) -> None:
         if label is not None:
             _refuse(label, f"your exercise {label} uses {event.split('.')[0]} ({event}), a way "
                            "around the grader's guards; write it yourself")
+        return
+    if event == "exec":
+        _second_copy(args[0] if args else None)
+        return
+    if event == "compile":
+        _introspecting(args[0] if args else None)
         return
     if event not in _PATH_EVENTS:
         return
@@ -148,6 +151,38 @@ def _audit(event: str, args) -> None:
             if label is not None:
                 _refuse(label, f"your exercise {label} {verb} labkit's own files "
                                f"({os.fsdecode(hits[0])}); answers may not change the grader")
+
+
+def _second_copy(code) -> None:
+    """Refuse running the code of a labkit module that is loaded already: a second, unguarded
+    copy of it (importlib's spec_from_file_location, runpy), however it is started."""
+    filename = getattr(code, "co_filename", "")
+    if not isinstance(filename, str) or not filename.startswith(_LABKIT + os.sep):
+        return
+    name = "labkit." + os.path.relpath(os.path.splitext(filename)[0], _LABKIT).replace(os.sep, ".")
+    name = name.removesuffix(".__init__")
+    if isinstance(sys.modules.get(name), FrozenModule):
+        label = _learner(sys._getframe(2)) or (_CURRENT[0]() if _CURRENT else "?")
+        _refuse(label, f"your exercise {label} runs a second copy of {name}, labkit's own (a "
+                       "way around the grader's guards); write it yourself")
+
+
+INTROSPECTION = ("__wrapped__", "__closure__", "__globals__", "cell_contents")
+
+
+def _introspecting(source) -> None:
+    """Refuse an answer compiling code (eval, exec, compile of a string it built) that reaches
+    past a guard: what the grader's scan refuses when it is spelled in the answer."""
+    if isinstance(source, bytes):
+        source = source.decode("utf-8", "replace")
+    if not isinstance(source, str):
+        return
+    hit = next((n for n in INTROSPECTION if n in source), None)
+    if hit is not None:
+        label = _learner(sys._getframe(2), direct=True)     # not torch's own code generation
+        if label is not None:
+            _refuse(label, f"your exercise {label} compiles code that reads {hit} (a way "
+                           "around the grader's guards); write it yourself")
 
 
 # ------------------------------------------------------------------------------- the freeze
@@ -188,6 +223,35 @@ class FrozenModule(types.ModuleType):
         if _private(name):
             _reach(self, name, "reads")
         return types.ModuleType.__getattribute__(self, name)
+
+
+class SetFrozenModule(types.ModuleType):
+    """A module an answer could patch under a lab's or a check's feet (torch, json, numpy,
+    math, ...): while graded, the answer may not set or delete its attributes."""
+
+    def __setattr__(self, name, value):
+        _patch(self, name, "changes")
+        types.ModuleType.__setattr__(self, name, value)
+
+    def __delattr__(self, name):
+        _patch(self, name, "deletes")
+        types.ModuleType.__delattr__(self, name)
+
+
+def _patch(module, name: str, verb: str) -> None:
+    frame = sys._getframe(2)
+    if frame.f_code.co_filename.startswith("<frozen importlib"):
+        return
+    label = _learner(frame, direct=True)    # torch patching itself (torch._dynamo) is torch's
+    if label is not None:
+        _refuse(label, f"your exercise {label} {verb} {module.__name__}.{name} (the checks and "
+                       "the labs rely on it); write it yourself")
+
+
+# modules whose attributes answers may not change while graded (not sys: an answer may
+# redirect sys.stdout)
+SET_FROZEN = ("torch", "json", "numpy", "math", "operator", "functools", "builtins", "os",
+              "io", "struct", "time")
 
 
 def _labkit_name(name: str) -> bool:
@@ -235,9 +299,13 @@ class _FreezingFinder:
 def freeze() -> None:
     """Freeze every loaded labkit module (again after imports: new ones are frozen too)."""
     for name, module in list(sys.modules.items()):
-        if _labkit_name(name) and type(module) is types.ModuleType:
+        if type(module) is not types.ModuleType:
+            continue
+        frozen = FrozenModule if _labkit_name(name) else (
+            SetFrozenModule if name.split(".")[0] in SET_FROZEN else None)
+        if frozen is not None:
             try:
-                module.__class__ = FrozenModule
+                module.__class__ = frozen
             except TypeError:
                 pass
 

@@ -31,7 +31,7 @@ RANK_PROTECTED = "LABKIT_RANK_PROTECTED"   # labkit.labs.common.exercise's: the 
 _SOLUTIONS_WORD = re.compile(r"(^|[\\/])solutions([\\/]|$)")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 # what reaches past a guard to the function it guards (or to where the guards keep it)
-INTROSPECTION = ("__wrapped__", "__closure__", "__globals__", "cell_contents")
+INTROSPECTION = fence.INTROSPECTION
 
 
 def valid_name(name) -> bool:
@@ -200,9 +200,6 @@ def _refuse(exercise: str, message: str):
     raise ForbiddenCall(message)
 
 
-_library = fence.library
-
-
 def _learner_frame(frame):
     """The innermost frame of the learner's code on the stack from `frame` up, or None."""
     while frame is not None and frame.f_code.co_filename not in _LEARNER:
@@ -210,18 +207,11 @@ def _learner_frame(frame):
     return frame
 
 
-def _names(code, name: str) -> bool:
-    """Whether `code` names the function (or its class) that `name` dots to: its own call, as
-    opposed to calling a callable it was handed (torch's Module.apply, numpy.vectorize)."""
-    return bool(set(name.split(".")[-2:]) & set(code.co_names))
-
-
 def _police(name: str, frame) -> None:
-    """Refuse the call of the forbidden `name` from `frame` (its caller) when it is the
-    learner's. In the grading kernel: the caller, Python's own library (functools, ...), the
-    modules the exercise forbids whole and code that calls what it was handed (a callback: it
-    does not name the function) passing the call on, is an exercise cell's code. In a
-    rank (install_ranks): the learner's code is anywhere on the stack, or started this thread."""
+    """Refuse the call of the forbidden `name` from `frame` (its caller) when the learner's code
+    is anywhere on the stack (labkit, torch, functools or a callback between do not launder
+    it), or started this thread; in the grading kernel, unless it passes through a module that
+    the exercise forbids no part of (`_WHOLE`: that module's own calls)."""
     if _RANKS:
         f = _learner_frame(frame)
         if f is None and _thread.get_ident() not in _THREADS:
@@ -230,22 +220,19 @@ def _police(name: str, frame) -> None:
         who = f"your {_RANKS[0]}" if caller.startswith("<") else f"your {caller}"
         _refuse(_RANKS[0], f"{who} calls {name}; write it yourself")
     f, skipped = frame, []
-    while f is not None:
-        filename = f.f_code.co_filename
-        if filename in _LEARNER:
-            break
-        if filename in _WHOLE_ANY:
-            skipped.append(filename)
-        elif not _library(filename) and _names(f.f_code, name):
-            return                      # labkit, torch or a check calls it by name: allowed
-        f = f.f_back                    # ... else it calls what it was handed: whose is it?
+    while f is not None and f.f_code.co_filename not in _LEARNER:
+        if f.f_code.co_filename in _WHOLE_ANY:
+            skipped.append(f.f_code.co_filename)
+        f = f.f_back
     if f is None:
-        return
-    exercise = _LEARNER[f.f_code.co_filename]
+        if _thread.get_ident() not in _THREADS:
+            return
+        exercise, caller = _current(), "<thread>"
+    else:
+        exercise, caller = _LEARNER[f.f_code.co_filename], f.f_code.co_name
     if any(s not in _WHOLE.get(exercise, ()) for s in skipped):
         return                          # through a module this exercise may use
     if _within(name, _PLAN.get(exercise, set()) | set(ALWAYS)):
-        caller = f.f_code.co_name
         who = f"your exercise {exercise}" if caller.startswith("<") else f"your {caller}"
         _refuse(exercise, f"{who} calls {name}; write it yourself")
 

@@ -93,6 +93,19 @@ ATTACKS = {   # added to the first answer (wrong), with the second answer wrong 
         "    if m and 'check=True' in ''.join(lines):\n"
         "        seal._DONE.add(int(m.group(1)))\n        return ['pass\\n']\n"
         "    return lines\n\nget_ipython().input_transformers_post.append(mark)"),
+    # the third red-team pass: records rewritten on their way out of the kernel
+    "the publisher wrapped": (
+        "ip = get_ipython()\npublish = ip.display_pub.publish\n\n"
+        "def rewrite(data, metadata=None, **kw):\n    import json\n"
+        "    for k, v in data.items():\n"
+        "        if k.endswith('check+json'):\n            r = json.loads(v)\n"
+        "            r.update(calls=[], results=[], received=16)\n"
+        "            data = {k: json.JSONEncoder().encode(r)}\n"
+        "    return publish(data, metadata, **kw)\n\nip.display_pub.publish = rewrite"),
+    "json.dumps replaced": (
+        "import json\ndumps = json.dumps\n"
+        "json.dumps = lambda o, *a, **k: dumps(dict(o, calls=[], results=[]) if isinstance(o, "
+        "dict) and o.get('kind') == 'callable' else o, *a, **k)"),
     "records forged": (
         "import json, re\nfrom IPython.display import publish_display_data\n"
         "MIME = 'application/vnd.labkit.check+json'\n"

@@ -152,14 +152,14 @@ def _one_exercise(tmp_path: Path, solution: str, exercise: str, answer: str) -> 
     return path, template
 
 
-def _course(tmp_path: Path, answers: dict[str, str]) -> tuple[Path, Path]:
+def _course(tmp_path: Path, answers: dict[str, str], forbid=BPP) -> tuple[Path, Path]:
     v4 = nbformat.v4
     setup = "from labkit.course import grading\nfrom labkit.course import reference"
     check = ("grading.check_int('{0}', {0}, reference.model_state_bytes('bf16-mixed', 'adamw'))")
     cells = [v4.new_code_cell(setup)]
     for name in answers:
         cells += [v4.new_code_cell(f"### BEGIN SOLUTION\n{name} = 16\n### END SOLUTION",
-                                   metadata={"tags": ["exercise"], "labkit": {"forbid": BPP}}),
+                                   metadata={"tags": ["exercise"], "labkit": {"forbid": forbid}}),
                   v4.new_code_cell(check.format(name), metadata={"tags": ["check"]})]
     template = tmp_path / "solutions" / "96_shortcuts.ipynb"
     template.parent.mkdir()
@@ -715,3 +715,71 @@ def test_02_ranks_refuse_a_patch_of_the_labs_own_code(tmp_path):
                "(a way around the grader's guards); write it yourself")
     assert out["trips"] == {"ring_all_reduce": message}
     assert out["problems"] and set(out["problems"]) == {message}
+
+
+# ----------------------------------------------- the third red-team pass (issue 30), refused
+
+THIRD = {   # answer -> the start of its check's message; each passed the grader before
+    "public_path": ("from labkit.plots.zero import figure1_rows\npublic_path = int(figure1_rows("
+                    "1, 1, 'bf16-mixed', 'adamw')[0]['total'])",
+                    "your exercise ex1 calls labkit.memory.estimate_memory"),
+    "pooled": ("import importlib\nfrom concurrent.futures import ThreadPoolExecutor\n"
+               "m = importlib.import_module('labkit.' + 'memory')\n"
+               "pooled = ThreadPoolExecutor(1).submit(getattr(m, 'bytes_per' + '_param'), "
+               "'bf16-mixed', 'adamw').result()",
+               "your exercise ex2 calls labkit.memory.bytes_per_param"),
+    "lab_started": ("import os, sys, tempfile\nfrom labkit.runtime.launch import run_lab\n"
+                    "script = os.path.join(tempfile.mkdtemp(), 'peek.py')\n"
+                    "open(script, 'w').write('print(1)')\n"
+                    "run_lab(script, nproc=1, timeout=60)\nlab_started = 16",
+                    "your exercise ex3 starts a program"),
+    "compiled": ("f = lambda: 16\ncells = eval('f.__clo' + 'sure__')\ncompiled = 16",
+                 "your exercise ex4 compiles code that reads __closure__"),
+    "patched_json": ("import json\njson.dumps = lambda *a, **k: '{}'\npatched_json = 16",
+                     "your exercise ex5 changes json.dumps"),
+    # last: its callback runs after every later cell, each refused the same way
+    "second_copy": ("import functools, importlib.util, os, sys, labkit\n"
+                    "spec = importlib.util.spec_from_file_location('mymemory', os.path.join("
+                    "os.path.dirname(labkit.__file__), 'memory.py'))\n"
+                    "mine = importlib.util.module_from_spec(spec)\n"
+                    "sys.modules['mymemory'] = mine\n"
+                    "get_ipython().events.register('post_execute', functools.partial("
+                    "spec.loader.exec_module, mine))\nsecond_copy = 0",
+                    "your exercise ex6 runs a second copy of labkit.memory"),
+}
+
+
+@pytest.mark.notebook
+def test_the_third_red_team_passs_shortcuts_are_refused(tmp_path):
+    path, template = _course(tmp_path, {k: a for k, (a, _) in THIRD.items()},
+                             forbid=BPP + ["labkit.memory.estimate_memory"])
+    report = grader.grade_notebook(path, template=template, timeout=90)
+    for check, (_, message) in zip(report.checks, THIRD.values()):
+        if message is None:
+            assert check.passed, report.format()
+        else:
+            assert check.message.startswith(message), (check.name, check.message)
+
+
+RING_TORCH = """
+import torch
+
+
+def ring_all_reduce(tensor):
+    torch.equal = lambda a, b: True
+    return tensor
+"""
+
+
+@pytest.mark.multirank
+def test_02_ranks_refuse_a_patch_of_torch_the_lab_compares_with(tmp_path):
+    path = tmp_path / "answer.py"
+    path.write_text(RING_TORCH)
+    script = RANKS.replace('ns["r"].problems()', '[p for p in ns["r"].problems if p]')
+    out = json.loads(_python(script, str(SOLUTIONS / "02_collectives.ipynb"), "ring_all_reduce",
+                             str(path), "from labkit.labs.ring import run_user_collective; "
+                             "r = run_user_collective(ring_all_reduce, nproc=2)",
+                             timeout=300).splitlines()[-1])
+    message = ("your exercise ring_all_reduce changes torch.equal (the checks and the labs rely "
+               "on it); write it yourself")
+    assert out["trips"] == {"ring_all_reduce": message}

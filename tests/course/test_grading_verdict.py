@@ -30,6 +30,7 @@ def shell(monkeypatch):
     fake = _Shell()
     monkeypatch.setenv("LABKIT_GRADE_RUN", "test")
     monkeypatch.setattr(IPython, "get_ipython", lambda: fake)
+    monkeypatch.setattr(grading, "_PUBLISH", [fake.publish])    # bound at import in a kernel
     return fake
 
 
@@ -138,6 +139,17 @@ def test_a_learner_record_with_the_right_values_passes_and_nothing_is_decided_in
     assert judge.first_failure(learner, shell.records) is None
     assert "expected" not in learner[0] and "expected" not in learner[1]
     assert "0.7" in judge.first_failure([dict(learner[0], received=0.7)], shell.records)
+
+
+def test_a_callable_record_that_drops_its_calls_fails(shell):
+    """The third red-team pass: a record rewritten in the kernel (calls=[]) compared nothing."""
+    grading.check_callable("f", lambda x: x + 1, [1, 2, 3], grading.JUDGED)
+    learner = shell.records[-1]
+    grading.check_callable("f", _square, [1, 2, 3], _square)
+    judged = shell.records[-1]
+    for forged in (dict(learner, calls=[]), dict(learner, calls=[], results=[]),
+                   dict(learner, results=learner["results"][:1], calls=learner["calls"][:1])):
+        assert "does your code change how checks report" in judge.decide(forged, judged)
 
 
 def test_more_records_than_the_judge_has_fail():

@@ -547,6 +547,17 @@ def test_the_rank_guard_refuses_a_class_built_on_the_answer(tmp_path):
     assert out["load"] == message and out["first"] == message
 
 
+def _ring(tmp_path, answer: str) -> dict:
+    """The trips and problems of module 02's ring lab on `answer`, graded as the kernel does."""
+    path = tmp_path / "answer.py"
+    path.write_text(answer)
+    script = RANKS.replace('ns["r"].problems()', '[p for p in ns["r"].problems if p]')
+    return json.loads(_python(script, str(SOLUTIONS / "02_collectives.ipynb"), "ring_all_reduce",
+                              str(path), "from labkit.labs.ring import run_user_collective; "
+                              "r = run_user_collective(ring_all_reduce, nproc=2)",
+                              timeout=300).splitlines()[-1])
+
+
 RING_ALIAS = """
 import torch.distributed as dist
 from torch.distributed import all_reduce as _summed    # taken before the lab's refusals
@@ -562,13 +573,7 @@ def ring_all_reduce(tensor):
 def test_02_ring_ranks_are_guarded_as_the_others(tmp_path):
     """A ring that took torch's all_reduce under another name when its file was loaded: the
     ranks of module 02's lab guard the exercise's list too (rank_guard), as every other lab's."""
-    path = tmp_path / "answer.py"
-    path.write_text(RING_ALIAS)
-    script = RANKS.replace('ns["r"].problems()', '[p for p in ns["r"].problems if p]')
-    out = json.loads(_python(script, str(SOLUTIONS / "02_collectives.ipynb"), "ring_all_reduce",
-                             str(path), "from labkit.labs.ring import run_user_collective; "
-                             "r = run_user_collective(ring_all_reduce, nproc=2)",
-                             timeout=300).splitlines()[-1])
+    out = _ring(tmp_path, RING_ALIAS)
     message = "your ring_all_reduce calls torch.distributed.all_reduce; write it yourself"
     assert out["trips"] == {"ring_all_reduce": message}
     assert out["problems"] and set(out["problems"]) == {message}
@@ -704,13 +709,7 @@ def ring_all_reduce(tensor):
 def test_02_ranks_refuse_a_patch_of_the_labs_own_code(tmp_path):
     """The red team's rank trick: the answer replaces what the lab reports with (every lab
     reports through labkit.runtime.dist.report). labkit's modules are frozen in the ranks too."""
-    path = tmp_path / "answer.py"
-    path.write_text(RING_PATCH)
-    script = RANKS.replace('ns["r"].problems()', '[p for p in ns["r"].problems if p]')
-    out = json.loads(_python(script, str(SOLUTIONS / "02_collectives.ipynb"), "ring_all_reduce",
-                             str(path), "from labkit.labs.ring import run_user_collective; "
-                             "r = run_user_collective(ring_all_reduce, nproc=2)",
-                             timeout=300).splitlines()[-1])
+    out = _ring(tmp_path, RING_PATCH)
     message = ("your exercise ring_all_reduce changes labkit.runtime.dist.report, labkit's own "
                "(a way around the grader's guards); write it yourself")
     assert out["trips"] == {"ring_all_reduce": message}
@@ -773,13 +772,7 @@ def ring_all_reduce(tensor):
 
 @pytest.mark.multirank
 def test_02_ranks_refuse_a_patch_of_torch_the_lab_compares_with(tmp_path):
-    path = tmp_path / "answer.py"
-    path.write_text(RING_TORCH)
-    script = RANKS.replace('ns["r"].problems()', '[p for p in ns["r"].problems if p]')
-    out = json.loads(_python(script, str(SOLUTIONS / "02_collectives.ipynb"), "ring_all_reduce",
-                             str(path), "from labkit.labs.ring import run_user_collective; "
-                             "r = run_user_collective(ring_all_reduce, nproc=2)",
-                             timeout=300).splitlines()[-1])
+    out = _ring(tmp_path, RING_TORCH)
     message = ("your exercise ring_all_reduce changes torch.equal (the checks and the labs rely "
                "on it); write it yourself")
     assert out["trips"] == {"ring_all_reduce": message}

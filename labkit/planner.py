@@ -6,9 +6,9 @@ rejected with their reason (`plan`), the rest ranked by step time (`labkit.plann
     >>> print(p.table(top=5)); p.rejection_counts(); p.why()  # why nothing fits, when so
     >>> evaluate("llama3-405b", Layout(tp=8, pp=16, dp=128, sharding="fsdp", recompute="full"),
     ...          gpu="h100-sxm", global_batch=2048, seq_len=8192).fits   # True
-    >>> # Llama 3's degrees; its paper ran them without recompute, which labkit prices over
-    >>> # 80 GB (transformers' Llama activations, not fused kernels: tests/cost/test_planner.py)
+    >>> # Llama 3's degrees; run without recompute, labkit prices them over 80 GB (its model)
     >>> print(decision("llama2-70b", 64, global_batch=512, seq_len=4096).text())  # what pays
+    >>> print(p.compare("tp=8 pp=4 dp=2 fsdp").text())   # why a layout ranks there, by part
 """
 from __future__ import annotations
 
@@ -123,6 +123,20 @@ class Plan:
     ranked: list = field(default_factory=list)       # Estimates, fastest first
     rejected: list = field(default_factory=list)     # Rejections
     inputs: dict = field(default_factory=dict)
+    pricing: tuple = field(default=(), repr=False)   # (spec, evaluate's keyword arguments)
+
+    def compare(self, layout) -> "Comparison":
+        """Why `layout` (a Layout or its text, e.g. "tp=8 pp=16 dp=128 fsdp recompute=full")
+        ranks where it does against this plan's best: it priced as `evaluate` prices it (with
+        this plan's inputs), its rank among the feasible layouts, and the step time part by
+        part. A layout that cannot run at all is a ValueError with the reason."""
+        if not self.pricing:
+            raise ValueError("this Plan was not made by plan(): nothing to compare with")
+        spec, kwargs = self.pricing
+        lay = parse_layout(layout) if isinstance(layout, str) else layout
+        est = evaluate(spec, lay, **kwargs)
+        faster = sum(e.step_time < est.step_time for e in self.ranked)
+        return Comparison(est, self.best, faster + 1 if est.fits else None, len(self.ranked))
 
     @property
     def best(self) -> Estimate | None:
@@ -176,6 +190,81 @@ class Plan:
                 + f" {e.tokens_per_second:>10,.0f} {e.model_tflops_per_gpu:>6.0f} "
                 f"{100 * e.mfu:>5.1f}")
         return "\n".join(lines)
+
+
+PARTS = ("compute", "tp", "cp", "pp", "dp", "bubble")
+
+
+@dataclass
+class Comparison:
+    """A layout against a plan's best (`Plan.compare`)."""
+
+    estimate: Estimate
+    best: Estimate | None
+    rank: int | None                # among the plan's feasible layouts; None: it does not fit
+    of: int
+
+    def differences(self) -> dict:
+        """Seconds per step by part: this layout's minus the best's (positive: slower here)."""
+        if self.best is None:
+            return {}
+        return {p: self.estimate.breakdown[p] - self.best.breakdown[p] for p in PARTS}
+
+    def text(self) -> str:
+        e, b = self.estimate, self.best
+        where = (f"rank {self.rank:,} of {self.of:,} feasible layouts" if self.rank else
+                 f"does not fit: {e.memory / GB:,.1f} GB per GPU of {e.capacity / GB:,.0f}")
+        lines = [f"{e.layout}: {e.step_time:.3g} s per step, {e.memory / GB:.1f} GB per GPU, "
+                 f"MFU {100 * e.mfu:.1f} % ({where})"]
+        if b is None:
+            return "\n".join(lines + ["nothing fits in this plan: no best to compare with"])
+        lines.append(f"best: {b.layout}: {b.step_time:.3g} s per step, {b.memory / GB:.1f} GB "
+                     f"per GPU, MFU {100 * b.mfu:.1f} %")
+        lines.append(f"{'part':>8} {'this':>9} {'best':>9} {'this-best':>10}")
+        diff = self.differences()
+        for p in PARTS:
+            lines.append(f"{p:>8} {e.breakdown[p]:>9.3f} {b.breakdown[p]:>9.3f} {diff[p]:>+10.3f}")
+        worse = sorted((d, p) for p, d in diff.items() if d > 0)[::-1][:2]
+        total = e.step_time - b.step_time
+        if total > 0 and worse:
+            lines.append(f"slower by {total:.3g} s ({100 * total / b.step_time:.1f} %), mostly "
+                         + " and ".join(f"{p} (+{d:.3g} s)" for d, p in worse))
+        elif total <= 0:
+            lines.append("as fast as the best, or faster" + ("" if e.fits else
+                                                              ", but it does not fit"))
+        return "\n".join(lines)
+
+
+_LAYOUT_KEYS = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "b": "micro_batch",
+                "micro_batch": "micro_batch", "v": "chunks", "chunks": "chunks",
+                "recompute": "recompute", "sharding": "sharding"}
+
+
+def parse_layout(text: str) -> Layout:
+    """A Layout from its text: "tp=8 pp=16 dp=128 cp=1 fsdp b=1 recompute=full", with "+sp"
+    after tp (or "sp") for sequence parallelism and "v=2" for interleaved chunks; the form
+    `str(Layout)` prints. Unknown words are a ValueError naming them and what is allowed."""
+    if not isinstance(text, str) or not text.split():
+        raise ValueError(f"layout={text!r} must be text such as 'tp=8 pp=16 dp=128 fsdp'")
+    kw: dict = {}
+    for word in text.replace(",", " ").split():
+        key, _, value = word.partition("=")
+        if word in SHARDING:
+            kw["sharding"] = word
+        elif word in ("sp", "+sp", "sequence_parallel"):
+            kw["sequence_parallel"] = True
+        elif key in _LAYOUT_KEYS and value:
+            if key == "tp" and value.endswith("+sp"):
+                value, kw["sequence_parallel"] = value[:-3], True
+            field_name = _LAYOUT_KEYS[key]
+            try:
+                kw[field_name] = value if field_name in ("recompute", "sharding") else int(value)
+            except ValueError:
+                raise ValueError(f"layout: {word!r} needs a whole number") from None
+        else:
+            raise ValueError(f"layout: {word!r} is not understood; allowed: tp=, pp=, dp=, cp=, "
+                             f"b=, v=, recompute=, a sharding ({', '.join(SHARDING)}), sp")
+    return _check_layout(Layout(**kw))
 
 
 def _gb(reason: str) -> float:
@@ -328,7 +417,11 @@ def plan(model, gpus, gpu="h100-sxm", gpus_per_node=8, global_batch=None, seq_le
     min_cp = validate.positive_int("min_cp_tokens", min_cp_tokens, validate.MAX_SEQ_LEN)
     n, gpn, s = inputs["gpus"], inputs["gpus_per_node"], inputs["seq_len"]
     sizes = [2**k for k in range(int(math.log2(top_b)) + 1)]
-    out = Plan(inputs=inputs)
+    out = Plan(inputs=inputs, pricing=(spec, dict(
+        gpu=gpu, gpus_per_node=gpus_per_node, global_batch=inputs["global_batch"], seq_len=s,
+        precision=precision, optimizer=optimizer, mfu=mfu, intra_link=intra_link,
+        inter_link=inter_link, schedule=schedule, grad_accum=grad_accum,
+        implementation=implementation, attention=attention)))
     for tp in validate.divisors(n):
         for pp in validate.divisors(n // tp):
             for cp in validate.divisors(n // (tp * pp)):

@@ -5,6 +5,8 @@ a view over labkit.planner.plan. Bad input is a message and exit 2; exit 1 when 
     labkit plan llama3-405b --gpus 16384 --gpu h100-sxm --global-batch 2048 --seq-len 8192
     labkit plan llama3.2-1b --gpus 8 --top 5
     labkit plan llama3-405b --gpus 8          # nothing fits, and why
+    labkit plan llama3-405b --gpus 16384 --global-batch 2048 --seq-len 8192 \
+        --compare "tp=8+sp pp=16 v=2 dp=128 fsdp recompute=full"   # why it ranks there
 """
 from __future__ import annotations
 
@@ -33,14 +35,19 @@ def add_arguments(parser):
                         help="largest micro-batch size tried (powers of two; default 8)")
     parser.add_argument("--schedule", default="1f1b", help="1f1b | gpipe (default 1f1b)")
     parser.add_argument("--top", type=int, default=10, help="layouts listed (default 10)")
+    parser.add_argument("--compare", default=None, metavar="LAYOUT",
+                        help='a layout to compare with the best, part by part, e.g. '
+                             '"tp=8 pp=16 dp=128 fsdp recompute=full" (+sp after tp: sequence '
+                             'parallelism; v=2: interleaved chunks)')
 
 
 def run(args) -> int:
     from labkit import validate
-    from labkit.planner import plan
+    from labkit.planner import parse_layout, plan
 
     try:
         top = validate.positive_int("--top", args.top, 10_000)
+        compare = None if args.compare is None else parse_layout(args.compare)
         p = plan(args.model, args.gpus, gpu=args.gpu, gpus_per_node=args.gpus_per_node,
                  global_batch=args.global_batch, seq_len=args.seq_len,
                  precision=args.precision, optimizer=args.optimizer, mfu=args.mfu,
@@ -65,4 +72,11 @@ def run(args) -> int:
         print(f"  {kind}: {count:,}")
         for r in [r for r in p.rejected if r.kind == kind][:EXAMPLES]:
             print(f"    e.g. {r.layout}: {r.reason.split(': ', 1)[1]}")
+    if compare is not None:
+        print()
+        try:
+            print(p.compare(compare).text())
+        except ValueError as exc:
+            print(f"labkit plan: --compare: {exc}", file=sys.stderr)
+            return 2
     return 0 if p.ranked else 1

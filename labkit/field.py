@@ -7,7 +7,7 @@
 The sweep (labkit/data/usp_sweep_1b_8b.csv, its header gives the source): every configuration
 of the Hugging Face Ultra-Scale Playbook's benchmark figure for its 1B and 8B models, 1 to 64
 nodes of 8 H100s, measured tokens/s per GPU and memory, or crashed/OOM. Each is priced as it was
-run (`SWEEP_SETUP`). Pure Python.
+run (`SWEEP_SETUP`). `published_runs()` / `price_published()`: runs from their papers. Pure Python.
 """
 from __future__ import annotations
 
@@ -177,4 +177,82 @@ def sweep_metrics(rows: list[SweepRow]) -> SweepMetrics:
         if len(kept) >= 3:
             out.groups[key] = (spearman([r.predicted_tokens for r in kept],
                                         [r.measured_tokens for r in kept]), len(kept))
+    return out
+
+
+# ------------------------------------------------------------------------- published runs
+
+@dataclass(frozen=True)
+class PublishedRun:
+    """A run as its paper reports it: the model, the layout as labkit lays it out, evaluate's
+    inputs, the GPUs, the reported TFLOP/s per GPU and which FLOPs they count ("hardware":
+    with the recomputed forward, Megatron-LM's eq. 3; "model": without), and the source."""
+
+    model: object
+    layout: object
+    inputs: dict
+    gpus: int
+    tflops: float
+    count: str
+    source: str
+
+
+def published_runs() -> dict[str, PublishedRun]:
+    """The published runs labkit prices (tests/cost/test_planner.py compares them). Sources and
+    what is assumed are in each `source`."""
+    from labkit.hardware import Link
+    from labkit.models import BLOOM_176B, _megatron
+    from labkit.planner import Layout
+
+    a100 = dict(gpu="a100-80gb", seq_len=2048)
+    omni_path = Link("Omni-Path, 4 x 100 Gb/s per node of 8 GPUs", 4 * 100e9 / 8 / 8,
+                     2 * 4 * 100e9 / 8 / 8, "4 x 100 Gb/s per node", 2e-6, "inter-node")
+    narayanan = ("Narayanan et al. 2021 (Megatron-LM, SC21), A100 80GB, 8 HDR InfiniBand ports "
+                 "per node, sequence 2,048, full recomputation; TFLOP/s by their eq. 3")
+    return {
+        "megatron gpt-3 175b": PublishedRun(
+            "gpt3-175b", Layout(tp=8, pp=12, dp=16, recompute="full"),
+            dict(a100, global_batch=1536), 1536, 141, "hardware",
+            narayanan + "; Table 2, PTD-P, batch 1,536, micro-batch 1"),
+        "megatron 310b": PublishedRun(
+            "megatron-310b", Layout(tp=8, pp=16, dp=15, recompute="full"),
+            dict(a100, global_batch=2160), 1920, 155, "hardware",
+            narayanan + "; Table 1 (micro-batch not printed: 1 assumed)"),
+        "megatron 1t": PublishedRun(
+            "megatron-1t", Layout(tp=8, pp=64, dp=6, recompute="full"),
+            dict(a100, global_batch=3072), 3072, 163, "hardware",
+            narayanan + "; Table 1 (micro-batch not printed: 1 assumed)"),
+        "mt-nlg 530b": PublishedRun(
+            _megatron("mt-nlg-530b", 20480, 105, 128, vocab=50257),
+            Layout(tp=8, pp=35, dp=8, recompute="full"), dict(a100, global_batch=1920), 2240,
+            126, "hardware",
+            "Smith et al. 2022 (Megatron-Turing NLG 530B): 105 layers, hidden 20,480, 128 "
+            "heads, sequence 2,048, batch 1,920, 280 DGX A100 nodes, TP 8 x PP 35 x DP 8, "
+            "126 TFLOP/s per GPU, activation checkpointing (micro-batch 1 assumed)"),
+        "llama 3 405b degrees, full recompute": PublishedRun(
+            "llama3-405b", Layout(tp=8, pp=16, dp=128, sharding="fsdp", chunks=2,
+                                  sequence_parallel=True, recompute="full"),
+            dict(gpu="h100-sxm", global_batch=2048, seq_len=8192), 16384, 400, "model",
+            "Dubey et al. 2024 (The Llama 3 Herd of Models), Table 4: TP 8, CP 1, PP 16, DP 128, "
+            "sequence 8,192, 16M tokens per batch, 400 TFLOP/s, run WITHOUT activation "
+            "checkpointing (labkit's degrees with full recompute: its activations are "
+            "transformers' Llama's, over 80 GB without)"),
+        "bloom 176b": PublishedRun(
+            BLOOM_176B, Layout(tp=4, pp=12, dp=8, sharding="zero1", micro_batch=2,
+                               recompute="full"),
+            dict(a100, global_batch=2048, inter_link=omni_path), 384, 150, "hardware",
+            "BigScience 2022 (BLOOM-176B, tr11-176B-ml README): 384 A100 80GB, TP 4, PP 12, "
+            "DP 8, ZeRO-1, micro-batch 2, batch 2,048, sequence 2,048, about 150 TFLOP/s; 4 "
+            "Omni-Path 100 Gb/s links per node of 8 GPUs"),
+    }
+
+
+def price_published(**planner_kwargs) -> dict[str, tuple]:
+    """name -> (PublishedRun, Estimate, predicted / reported TFLOP/s in the run's count)."""
+    from labkit.planner import evaluate
+
+    out = {}
+    for name, run in published_runs().items():
+        e = evaluate(run.model, run.layout, **{**run.inputs, **planner_kwargs})
+        out[name] = (run, e, getattr(e, f"{run.count}_tflops_per_gpu") / run.tflops)
     return out

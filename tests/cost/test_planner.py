@@ -29,8 +29,10 @@ throughput must be within FACTOR of the reported one):
   node of 8 GPUs.
 FACTOR = 2: one assumed matmul efficiency (mfu = 0.5) for A100 and H100 runs four years apart,
 schedules and overlaps the papers do not fully report, and an alpha-beta network model with no
-congestion. Measured ratios (predicted / reported): GPT-3 0.90, 310B 0.84, 1T 0.79, Llama 3's
-degrees with full recompute 0.56, BLOOM 0.86.
+congestion. Measured ratios (predicted / reported): GPT-3 0.90, 310B 0.84, 1T 0.79, MT-NLG 530B
+1.01, Llama 3's degrees with full recompute 0.56, BLOOM 0.86. The table is labkit.field's
+`published_runs()` (each run's source there; MT-NLG: Smith et al. 2022, TP 8 x PP 35 x DP 8
+on 2,240 A100s, 126 TFLOP/s).
 """
 from __future__ import annotations
 
@@ -38,16 +40,13 @@ import random
 
 import pytest
 
-from labkit.hardware import Link
+from labkit import field
 from labkit.memory import estimate_memory
-from labkit.models import BLOOM_176B, get_model
+from labkit.models import get_model
 from labkit.planner import Layout, degree_problem, evaluate, plan
 from labkit.planner_cost import SHARDING
 
 FACTOR = 2.0
-OMNI_PATH = Link("Omni-Path, 4 x 100 Gb/s per node of 8 GPUs", 4 * 100e9 / 8 / 8,
-                 2 * 4 * 100e9 / 8 / 8, "4 x 100 Gb/s per node", 2e-6, "inter-node")
-A100 = dict(gpu="a100-80gb", seq_len=2048)
 LLAMA3 = dict(gpu="h100-sxm", global_batch=2048, seq_len=8192)
 
 
@@ -57,29 +56,19 @@ def llama3_degrees(recompute):
                   recompute=recompute)
 
 
-PUBLISHED = {
-    "megatron gpt-3 175b": ("gpt3-175b", Layout(tp=8, pp=12, dp=16, recompute="full"),
-                            dict(A100, global_batch=1536), 141, "hardware"),
-    "megatron 310b": ("megatron-310b", Layout(tp=8, pp=16, dp=15, recompute="full"),
-                      dict(A100, global_batch=2160), 155, "hardware"),
-    "megatron 1t": ("megatron-1t", Layout(tp=8, pp=64, dp=6, recompute="full"),
-                    dict(A100, global_batch=3072), 163, "hardware"),
-    # the paper's degrees; the run used no recompute, which labkit cannot fit (docstring)
-    "llama 3 405b degrees, full recompute": (
-        "llama3-405b", llama3_degrees(recompute="full"), LLAMA3, 400, "model"),
-    "bloom 176b": (BLOOM_176B, Layout(tp=4, pp=12, dp=8, sharding="zero1", micro_batch=2,
-                                      recompute="full"),
-                   dict(A100, global_batch=2048, inter_link=OMNI_PATH), 150, "hardware"),
-}
+PUBLISHED = field.published_runs()
 
 
 @pytest.mark.parametrize("name", list(PUBLISHED))
 def test_published_layouts_fit_and_match_reported_throughput(name):
-    model, layout, kw, reported, kind = PUBLISHED[name]
-    e = evaluate(model, layout, **kw)
+    run = PUBLISHED[name]
+    e = evaluate(run.model, run.layout, **run.inputs)
     assert e.fits, f"{name}: {e.memory / 1e9:.1f} GB"
-    predicted = getattr(e, f"{kind}_tflops_per_gpu")
-    assert 1 / FACTOR <= predicted / reported <= FACTOR, (name, predicted, reported)
+    assert e.layout.gpus == run.gpus
+    predicted = getattr(e, f"{run.count}_tflops_per_gpu")
+    assert 1 / FACTOR <= predicted / run.tflops <= FACTOR, (name, predicted, run.tflops)
+    _, _, ratio = field.price_published()[name]
+    assert ratio == pytest.approx(predicted / run.tflops)
     # the axes on the links the papers describe: TP inside a node, PP and DP across nodes
     assert "NVLink" in e.links["tp"] and "NVLink" not in e.links["pp"]
 

@@ -249,11 +249,18 @@ class Calculator:
             raise ValueError("\n".join(bad))
         return values
 
-    def show_figure(self, png: bytes | None) -> None:
-        """Show the figure's PNG bytes, or (None) hide the image: an Image with no bytes draws a
-        broken-image icon in the browser."""
-        self.figure.value = png or b""
-        self.figure.layout.display = "" if png else "none"
+    def show_figure(self, png: bytes | None, image=None) -> None:
+        """Show the figure's PNG bytes in `image` (default: `self.figure`), or (None) hide the
+        image: an Image with no bytes draws a broken-image icon in the browser."""
+        image = self.figure if image is None else image
+        # The browser applies each message as it comes: hide before emptying, fill before
+        # showing, so no broken-image icon ever shows between the two.
+        if png:
+            image.value = png
+            image.layout.display = ""
+        else:
+            image.layout.display = "none"
+            image.value = b""
 
     def _watch(self) -> None:
         """Recompute whenever any control changes (observers fire synchronously on `.value`).

@@ -166,8 +166,7 @@ class ZeROCalculator(Calculator):
 
     def _show(self, mem: bytes | None, com: bytes | None) -> None:
         self.show_figure(mem)
-        self.comm_figure.value = com or b""
-        self.comm_figure.layout.display = "" if com else "none"
+        self.show_figure(com, self.comm_figure)
 
     # ---- views ---------------------------------------------------------------------------
     def _title(self, kw) -> str:

@@ -26,7 +26,12 @@ from labkit import validate
 #   output; SwiGLU keeps four ffn-wide tensors (gate, silu(gate), up, their product); K and V
 #   are kept num_kv_heads wide with SDPA, repeated to num_heads wide with eager attention. No
 #   dropout by default (attention_dropout 0.0); with it on, only the attention probabilities.
-IMPLEMENTATIONS = ("megatron", "hf-gpt2", "hf-llama")
+# - "fused": a production Llama-style layer (Megatron-Core / TransformerEngine kernels, what the
+#   planner prices by default): fused RMSNorm keeping its 16-bit input and an fp32 rstd per
+#   token, FlashAttention (the "sdpa" bytes), fused SwiGLU keeping gate and up (2 ffn-wide) and
+#   the down projection's input; no dropout. Not measured here (no such kernels on a CPU):
+#   Korthikanti et al.'s accounting applied to those kernels.
+IMPLEMENTATIONS = ("megatron", "hf-gpt2", "hf-llama", "fused")
 # Attention:
 # - "eager": scores are materialised: a*s*s*b values per softmax output (Megatron: 16-bit
 #   softmax output, 1-byte dropout mask, dropout output: the 5as/h term; transformers' Llama:
@@ -66,7 +71,7 @@ def resolve(implementation, attention, dropout, spec=None, device=None) -> tuple
         attention = "eager" if implementation == "megatron" else "sdpa"
     validate.choice("attention", attention, ATTENTIONS)
     if dropout is None:
-        dropout = implementation != "hf-llama"
+        dropout = implementation not in ("hf-llama", "fused")
     validate.choice("dropout", dropout, (True, False))
     if attention == "sdpa" and dropout and _device(device) == "cpu":
         attention = "sdpa-math"
@@ -115,6 +120,12 @@ def _terms(impl, attention, dropout, h, q, kv, f, a, kv_len, vb, b, mask=1, math
                "gelu_new (5 tensors)": (5 * vb * f, "split")}
         scores = {"softmax output": vb, "attention dropout mask": mask,
                   "dropout output": vb if dropout else 0}
+    elif impl == "fused":
+        out = {"norm inputs": (2 * vb * h, "whole"), "norm statistics (fp32)": (2 * FP32, "whole"),
+               "qkv and mlp inputs": (2 * vb * h, "whole"), "q": (vb * q, "split"),
+               "k, v": (2 * vb * kv, "split"), "attention output": (vb * q, "split"),
+               "swiglu (gate, up, product)": (3 * vb * f, "split")}
+        scores = {"softmax output": vb}     # only with attention="eager"
     else:
         kv_kept = kv if attention == "sdpa" else q      # eager repeats K, V to num_heads
         out = {"norm inputs (fp32 copies)": (2 * FP32 * h, "whole"),
@@ -193,6 +204,7 @@ def stage_extra_terms(implementation, first, last, *, s, b, h, vocab, value_byte
                                                             value_bytes) / split
     if last:
         norm = (FP32 * h + 2 * value_bytes * h + FP32 if implementation == "hf-llama"
+                else 2 * value_bytes * h + FP32 if implementation == "fused"
                 else 2 * value_bytes * h + (4 * value_bytes if implementation == "hf-gpt2" else 0))
         out["final norm"] = sb * norm / split
         out["log-softmax of the logits (fp32)"] = FP32 * sb * vocab / tp
@@ -203,7 +215,8 @@ def describe(implementation, attention, dropout, device=None) -> str:
     """A short phrase naming what the activation figures assume."""
     what = {"megatron": "Korthikanti et al. 2022 (Megatron GPT layer)",
             "hf-gpt2": "transformers GPT-2 (gelu_new)",
-            "hf-llama": "transformers Llama (RMSNorm fp32 copy, SwiGLU)"}[implementation]
+            "hf-llama": "transformers Llama (RMSNorm fp32 copy, SwiGLU)",
+            "fused": "production fused kernels (Megatron-Core / TransformerEngine)"}[implementation]
     drop = ", dropout" if dropout else ", no dropout"
     where = "" if device is None else f", {device} kernels"
     return f"{what}, {attention} attention{drop}{where}"

@@ -29,7 +29,7 @@ SWEEP_MODELS = {
 # How every configuration ran (the CSV header): H100 SXM nodes of 8, sequence 4,096, bf16 with
 # fp32 gradient accumulation, no recomputation, sequence parallelism with TP, 1F1B.
 SWEEP_SETUP = dict(gpu="h100-sxm", gpus_per_node=8, seq_len=4096, precision="bf16-mixed",
-                   grad_accum="fp32", schedule="1f1b")
+                   grad_accum="fp32", schedule="1f1b", framework="nanotron")
 # A run more than this many times slower than its (model, nodes) group's best is one of that
 # framework's breakdowns (pipeline or cross-node TP), not something a cost model prices: left
 # out of the rank correlations and ratios, and counted (`SweepMetrics.left_out`).
@@ -204,7 +204,9 @@ def published_runs() -> dict[str, PublishedRun]:
     from labkit.models import BLOOM_176B, _megatron
     from labkit.planner import Layout
 
-    a100 = dict(gpu="a100-80gb", seq_len=2048)
+    # Megatron-LM as of 2021-22 (and Megatron-DeepSpeed): its GPT layer, attention scores
+    # materialised (no FlashAttention yet): Korthikanti et al.'s accounting
+    a100 = dict(gpu="a100-80gb", seq_len=2048, implementation="megatron")
     omni_path = Link("Omni-Path, 4 x 100 Gb/s per node of 8 GPUs", 4 * 100e9 / 8 / 8,
                      2 * 4 * 100e9 / 8 / 8, "4 x 100 Gb/s per node", 2e-6, "inter-node")
     narayanan = ("Narayanan et al. 2021 (Megatron-LM, SC21), A100 80GB, 8 HDR InfiniBand ports "

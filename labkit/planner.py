@@ -14,13 +14,15 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
+import itertools
 import math
 
 from labkit import validate
 from labkit.hardware import GB, get_gpu, get_link
 from labkit.memory import RECOMPUTE, tp_splits
 from labkit.models import get_model
-from labkit.planner_cost import SHARDING, Pricer
+from labkit.kernels import FRAMEWORKS
+from labkit.planner_cost import PARTS, SHARDING, Pricer
 from labkit.tp import COMPUTE_DTYPE
 
 SCHEDULES = ("1f1b", "gpipe")
@@ -29,6 +31,22 @@ INTRA = {"a100-40gb": "nvlink3", "a100-80gb": "nvlink3", "h100-sxm": "nvlink4",
          "h200": "nvlink4", "b200": "nvlink5", "h100-pcie": "pcie5"}
 INTER = {"a100-40gb": "ib-hdr", "a100-80gb": "ib-hdr"}
 DEFAULT_TOKENS = 2**22          # default global batch: about 4M tokens per step
+# Headroom: what a plan may not fill. A process holds memory that is not tensors (the CUDA
+# context, ~0.5 GB on an H100 with torch; NCCL's buffers and workspace, ~0.5-1 GB with a few
+# communicators; cuBLAS workspaces), and the caching allocator cannot use every free byte of a
+# fragmented heap (PyTorch CUDA semantics: memory management). A plan that needs more than
+# usable = capacity x (1 - FRAGMENTATION) - RESERVED does not fit (module 01: a plan at 95 %
+# of the card will not run).
+RESERVED = 1.5 * GB
+FRAGMENTATION = 0.05
+
+
+def usable_memory(capacity: float, reserved=None, fragmentation=None) -> float:
+    """Bytes of a `capacity`-byte GPU a plan may fill (defaults RESERVED, FRAGMENTATION)."""
+    r = RESERVED if reserved is None else validate.non_negative("reserved", reserved, capacity)
+    f = FRAGMENTATION if fragmentation is None else validate.non_negative(
+        "fragmentation", fragmentation, 0.5)
+    return capacity * (1 - f) - r
 
 
 @dataclass(frozen=True)
@@ -48,7 +66,8 @@ class Layout:
     micro_batch: int = 1
     recompute: str = "none"
     sequence_parallel: bool = False
-    chunks: int = 1                 # model chunks per stage (interleaved 1F1B), evaluate only
+    chunks: int = 1                 # model chunks per stage (interleaved 1F1B)
+    reshard_after_forward: bool = True      # FSDP: False keeps each unit gathered until backward
 
     @property
     def gpus(self) -> int:
@@ -57,8 +76,9 @@ class Layout:
     def __str__(self) -> str:
         sp = "+sp" if self.sequence_parallel else ""
         v = f" v={self.chunks}" if self.chunks > 1 else ""
-        return (f"tp={self.tp}{sp} pp={self.pp}{v} dp={self.dp} cp={self.cp} {self.sharding} "
-                f"b={self.micro_batch} recompute={self.recompute}")
+        keep = " no-reshard" if self.sharding == "fsdp" and not self.reshard_after_forward else ""
+        return (f"tp={self.tp}{sp} pp={self.pp}{v} dp={self.dp} cp={self.cp} {self.sharding}"
+                f"{keep} b={self.micro_batch} recompute={self.recompute}")
 
 
 @dataclass
@@ -73,7 +93,8 @@ class Estimate:
     microbatches: int
     memory: float                   # bytes per GPU
     capacity: float                 # the GPU's bytes
-    breakdown: dict                 # seconds: compute, tp, cp, pp, dp, bubble
+    breakdown: dict                 # seconds by part: PARTS
+    usable: float                   # what a plan may fill: capacity less the headroom
     links: dict                     # axis -> link name
     tokens_per_step: int
     model_flops: float              # per step, all GPUs
@@ -82,7 +103,8 @@ class Estimate:
 
     @property
     def fits(self) -> bool:
-        return self.memory <= self.capacity
+        """The memory fits in the usable part of the GPU (`usable_memory`)."""
+        return self.memory <= self.usable
 
     @property
     def step_time(self) -> float:
@@ -174,25 +196,22 @@ class Plan:
 
     def table(self, top: int = 10) -> str:
         """The `top` fastest layouts with their step-time breakdown."""
-        head = (f"{'#':>3} {'tp':>3} {'sp':>2} {'pp':>3} {'dp':>5} {'cp':>3} {'sharding':>8} "
-                f"{'b':>2} {'m':>4} {'recompute':>9} {'GB':>6} {'step s':>8} {'compute':>8} "
-                f"{'tp':>7} {'cp':>7} {'pp':>7} {'dp':>7} {'bubble':>7} {'tok/s':>10} "
-                f"{'TF/GPU':>6} {'MFU%':>5}")
+        head = (f"{'#':>3} {'tp':>3} {'sp':>2} {'pp':>3} {'v':>2} {'dp':>5} {'cp':>3} "
+                f"{'sharding':>8} {'b':>2} {'m':>4} {'recompute':>9} {'GB':>6} {'step s':>8} "
+                + " ".join(f"{p[:7]:>7}" for p in PARTS)
+                + f" {'tok/s':>10} {'TF/GPU':>6} {'MFU%':>5}")
         lines = [head]
         for k, e in enumerate(self.ranked[:top], 1):
             lay, bd = e.layout, e.breakdown
             lines.append(
                 f"{k:>3} {lay.tp:>3} {'y' if lay.sequence_parallel else '-':>2} {lay.pp:>3} "
-                f"{lay.dp:>5} {lay.cp:>3} {lay.sharding:>8} {lay.micro_batch:>2} "
-                f"{e.microbatches:>4} {lay.recompute:>9} {e.memory / GB:>6.1f} "
-                f"{e.step_time:>8.3f} " + " ".join(f"{bd[p]:>7.3f}" for p in
-                                                   ("compute", "tp", "cp", "pp", "dp", "bubble"))
+                f"{lay.chunks:>2} {lay.dp:>5} {lay.cp:>3} {_sharding(lay):>8} "
+                f"{lay.micro_batch:>2} {e.microbatches:>4} {lay.recompute:>9} "
+                f"{e.memory / GB:>6.1f} {e.step_time:>8.3f} "
+                + " ".join(f"{bd[p]:>7.3f}" for p in PARTS)
                 + f" {e.tokens_per_second:>10,.0f} {e.model_tflops_per_gpu:>6.0f} "
                 f"{100 * e.mfu:>5.1f}")
         return "\n".join(lines)
-
-
-PARTS = ("compute", "tp", "cp", "pp", "dp", "bubble")
 
 
 @dataclass
@@ -213,17 +232,19 @@ class Comparison:
     def text(self) -> str:
         e, b = self.estimate, self.best
         where = (f"rank {self.rank:,} of {self.of:,} feasible layouts" if self.rank else
-                 f"does not fit: {e.memory / GB:,.1f} GB per GPU of {e.capacity / GB:,.0f}")
+                 f"does not fit: {e.memory / GB:,.1f} GB per GPU, {e.usable / GB:,.1f} usable "
+                 f"of {e.capacity / GB:,.0f}")
         lines = [f"{e.layout}: {e.step_time:.3g} s per step, {e.memory / GB:.1f} GB per GPU, "
                  f"MFU {100 * e.mfu:.1f} % ({where})"]
         if b is None:
             return "\n".join(lines + ["nothing fits in this plan: no best to compare with"])
         lines.append(f"best: {b.layout}: {b.step_time:.3g} s per step, {b.memory / GB:.1f} GB "
                      f"per GPU, MFU {100 * b.mfu:.1f} %")
-        lines.append(f"{'part':>8} {'this':>9} {'best':>9} {'this-best':>10}")
+        lines.append(f"{'part':>9} {'this':>9} {'best':>9} {'this-best':>10}")
         diff = self.differences()
         for p in PARTS:
-            lines.append(f"{p:>8} {e.breakdown[p]:>9.3f} {b.breakdown[p]:>9.3f} {diff[p]:>+10.3f}")
+            lines.append(f"{p:>9} {e.breakdown[p]:>9.3f} {b.breakdown[p]:>9.3f} "
+                         f"{diff[p]:>+10.3f}")
         worse = sorted((d, p) for p, d in diff.items() if d > 0)[::-1][:2]
         total = e.step_time - b.step_time
         if total > 0 and worse:
@@ -251,6 +272,8 @@ def parse_layout(text: str) -> Layout:
         key, _, value = word.partition("=")
         if word in SHARDING:
             kw["sharding"] = word
+        elif word == "no-reshard":
+            kw["sharding"], kw["reshard_after_forward"] = "fsdp", False
         elif word in ("sp", "+sp", "sequence_parallel"):
             kw["sequence_parallel"] = True
         elif key in _LAYOUT_KEYS and value:
@@ -263,8 +286,13 @@ def parse_layout(text: str) -> Layout:
                 raise ValueError(f"layout: {word!r} needs a whole number") from None
         else:
             raise ValueError(f"layout: {word!r} is not understood; allowed: tp=, pp=, dp=, cp=, "
-                             f"b=, v=, recompute=, a sharding ({', '.join(SHARDING)}), sp")
+                             f"b=, v=, recompute=, a sharding ({', '.join(SHARDING)}), "
+                             "no-reshard (FSDP), sp")
     return _check_layout(Layout(**kw))
+
+
+def _sharding(lay: Layout) -> str:
+    return "fsdp-nr" if lay.sharding == "fsdp" and not lay.reshard_after_forward else lay.sharding
 
 
 def _gb(reason: str) -> float:
@@ -272,7 +300,8 @@ def _gb(reason: str) -> float:
 
 
 def _setup(model, gpus, gpu, gpus_per_node, global_batch, seq_len, precision, optimizer, mfu,
-           intra_link, inter_link, schedule, grad_accum, implementation, attention):
+           intra_link, inter_link, schedule, grad_accum, implementation, attention,
+           framework="megatron", reserved=None, fragmentation=None):
     spec = get_model(model)
     n = validate.positive_int("gpus", gpus, validate.MAX_RANKS)
     gpn = validate.positive_int("gpus_per_node", gpus_per_node, validate.MAX_RANKS)
@@ -293,7 +322,10 @@ def _setup(model, gpus, gpu, gpus_per_node, global_batch, seq_len, precision, op
         raise ValueError(f"precision={precision!r} runs its matmuls in {dtype}, for which gpu="
                          f"{the_gpu.name!r} has no peak figure; allowed on it: " + ", ".join(
                              repr(p) for p, d in COMPUTE_DTYPE.items() if d in the_gpu.peak_flops))
-    u = validate.positive("mfu", mfu, 1.0)
+    u = None if mfu is None else validate.positive("mfu", mfu, 1.0)
+    validate.choice("framework", framework, FRAMEWORKS)
+    if implementation is None:      # what the framework's kernels keep for backward
+        implementation = "fused" if FRAMEWORKS[framework].kernels == "fused" else None
     validate.choice("schedule", schedule, SCHEDULES)
     key = gpu if isinstance(gpu, str) else ""
     intra = get_link(INTRA.get(key.lower(), "pcie4") if intra_link is None else intra_link)
@@ -301,12 +333,13 @@ def _setup(model, gpus, gpu, gpus_per_node, global_batch, seq_len, precision, op
     pricer = Pricer(spec, n, B, s, gpu=the_gpu, dtype=dtype, mfu=u, intra=intra, inter=inter,
                     gpus_per_node=gpn, precision=precision, optimizer=optimizer,
                     grad_accum=grad_accum, schedule=schedule, implementation=implementation,
-                    attention=attention)
+                    attention=attention, framework=framework)
     inputs = dict(model=spec.name, gpus=n, gpu=the_gpu.name, capacity=the_gpu.memory,
                   gpus_per_node=gpn, global_batch=B, seq_len=s, precision=precision,
                   optimizer=optimizer, mfu=u, intra_link=intra.name, inter_link=inter.name,
                   schedule=schedule, params=spec.num_params(),
-                  states_per_param=sum(pricer.state_bytes))
+                  states_per_param=sum(pricer.state_bytes), framework=framework,
+                  usable=usable_memory(the_gpu.memory, reserved, fragmentation))
     return spec, pricer, inputs
 
 
@@ -347,12 +380,13 @@ def _price(pricer, lay: Layout, inputs) -> tuple[Estimate | None, str | None]:
         return None, (f"batch: interleaved 1F1B needs micro-batches m={m} a multiple of "
                       f"pp={lay.pp}")
     mem = pricer.memory(lay, m)
-    est = Estimate(lay, m, mem, inputs["capacity"], pricer.time(lay, m),
+    est = Estimate(lay, m, mem, inputs["capacity"], pricer.time(lay, m), inputs["usable"],
                    {a: pricer.link(lay, a).name for a in ("tp", "cp", "dp", "pp")},
                    B * inputs["seq_len"], pricer.flops("none", hardware=False),
                    pricer.flops(lay.recompute), pricer.peak)
     if not est.fits:              # priced anyway: `evaluate` shows what it would give
         return est, (f"memory: needs {mem / GB:,.1f} GB per GPU, more than the "
+                     f"{inputs['usable'] / GB:,.1f} GB usable of the "
                      f"{inputs['capacity'] / GB:,.0f} GB of the {inputs['gpu']}")
     return est, None
 
@@ -365,13 +399,15 @@ def _check_layout(lay: Layout) -> Layout:
     validate.choice("layout.sharding", lay.sharding, SHARDING)
     validate.choice("layout.recompute", lay.recompute, RECOMPUTE)
     validate.choice("layout.sequence_parallel", lay.sequence_parallel, (False, True))
+    validate.choice("layout.reshard_after_forward", lay.reshard_after_forward, (False, True))
     return lay
 
 
 def evaluate(model, layout: Layout, gpu="h100-sxm", gpus_per_node=8, global_batch=None,
-             seq_len=None, precision="bf16-mixed", optimizer="adamw", mfu=0.5, intra_link=None,
+             seq_len=None, precision="bf16-mixed", optimizer="adamw", mfu=None, intra_link=None,
              inter_link=None, schedule="1f1b", grad_accum="param", implementation=None,
-             attention=None) -> Estimate:
+             attention=None, framework="megatron", reserved=None,
+             fragmentation=None) -> Estimate:
     """Price ONE layout (e.g. a published run's) as `plan` prices each: an Estimate whose `.fits`
     says whether it fits. A layout that cannot run at all (degrees that do not divide, a batch
     that does not split) is a ValueError with the reason. layout.chunks > 1: interleaved 1F1B.
@@ -380,7 +416,8 @@ def evaluate(model, layout: Layout, gpu="h100-sxm", gpus_per_node=8, global_batc
     lay = _check_layout(layout)
     spec, pricer, inputs = _setup(model, lay.gpus, gpu, gpus_per_node, global_batch, seq_len,
                                   precision, optimizer, mfu, intra_link, inter_link, schedule,
-                                  grad_accum, implementation, attention)
+                                  grad_accum, implementation, attention, framework, reserved,
+                                  fragmentation)
     problem = degree_problem(spec, lay, inputs["gpus_per_node"], inputs["seq_len"],
                              cross_node_tp=True)
     est, why = (None, problem) if problem else _price(pricer, lay, inputs)
@@ -390,9 +427,10 @@ def evaluate(model, layout: Layout, gpu="h100-sxm", gpus_per_node=8, global_batc
 
 
 def plan(model, gpus, gpu="h100-sxm", gpus_per_node=8, global_batch=None, seq_len=None,
-         precision="bf16-mixed", optimizer="adamw", mfu=0.5, intra_link=None, inter_link=None,
+         precision="bf16-mixed", optimizer="adamw", mfu=None, intra_link=None, inter_link=None,
          max_microbatch=8, schedule="1f1b", grad_accum="param", min_cp_tokens=1024,
-         implementation=None, attention=None) -> Plan:
+         implementation=None, attention=None, framework="megatron", reserved=None,
+         fragmentation=None, max_chunks=4) -> Plan:
     """Every layout of `model` on `gpus` GPUs (`Layout`), ranked by step time.
 
     gpu: a key of `labkit.hardware.GPUS`; gpus_per_node: GPUs one intra-node link joins;
@@ -412,7 +450,9 @@ def plan(model, gpus, gpu="h100-sxm", gpus_per_node=8, global_batch=None, seq_le
     stage, GB = 1e9 bytes)."""
     spec, pricer, inputs = _setup(model, gpus, gpu, gpus_per_node, global_batch, seq_len,
                                   precision, optimizer, mfu, intra_link, inter_link, schedule,
-                                  grad_accum, implementation, attention)
+                                  grad_accum, implementation, attention, framework, reserved,
+                                  fragmentation)
+    top_v = validate.positive_int("max_chunks", max_chunks, validate.MAX_LAYERS)
     top_b = validate.positive_int("max_microbatch", max_microbatch, validate.MAX_BATCH)
     min_cp = validate.positive_int("min_cp_tokens", min_cp_tokens, validate.MAX_SEQ_LEN)
     n, gpn, s = inputs["gpus"], inputs["gpus_per_node"], inputs["seq_len"]
@@ -421,7 +461,8 @@ def plan(model, gpus, gpu="h100-sxm", gpus_per_node=8, global_batch=None, seq_le
         gpu=gpu, gpus_per_node=gpus_per_node, global_batch=inputs["global_batch"], seq_len=s,
         precision=precision, optimizer=optimizer, mfu=mfu, intra_link=intra_link,
         inter_link=inter_link, schedule=schedule, grad_accum=grad_accum,
-        implementation=implementation, attention=attention)))
+        implementation=implementation, attention=attention, framework=framework,
+        reserved=reserved, fragmentation=fragmentation)))
     for tp in validate.divisors(n):
         for pp in validate.divisors(n // tp):
             for cp in validate.divisors(n // (tp * pp)):
@@ -436,7 +477,7 @@ def plan(model, gpus, gpu="h100-sxm", gpus_per_node=8, global_batch=None, seq_le
                         f"batch: global_batch={inputs['global_batch']:,} is not divisible by "
                         f"dp={dp:,}")))
                     continue
-                _levers(pricer, base, sizes, inputs, out)
+                _levers(pricer, base, sizes, inputs, out, spec, top_v)
     # at the same step time (4 significant digits), the fewest model-parallel ranks (less to
     # set up and to go wrong), then the least memory
     out.ranked.sort(key=lambda e: (float(f"{e.step_time:.4g}"),
@@ -444,22 +485,25 @@ def plan(model, gpus, gpu="h100-sxm", gpus_per_node=8, global_batch=None, seq_le
     return out
 
 
-def _levers(pricer, base, sizes, inputs, out) -> None:
-    """Price every sharding, sequence parallelism, recompute and micro-batch size of `base`."""
-    shardings = list(SHARDING) if base.dp * base.cp > 1 else ["ddp"]
+def _levers(pricer, base, sizes, inputs, out, spec, top_v) -> None:
+    """Price every sharding (FSDP with and without resharding after forward), interleaving
+    (chunks v = 1, 2, 4, ... up to top_v with pp x v <= num_layers), sequence parallelism,
+    recompute and micro-batch size of `base`."""
+    shardings = [(s, True) for s in SHARDING] + [("fsdp", False)] \
+        if base.dp * base.cp > 1 else [("ddp", True)]
+    chunks = [v for v in (2**k for k in range(int(math.log2(top_v)) + 1))
+              if base.pp * v <= spec.num_layers] if base.pp > 1 else [1]
     sps = (False, True) if base.tp > 1 and (inputs["seq_len"] // base.cp) % base.tp == 0 \
         else (False,)
-    for sharding in shardings:
-        for sp in sps:
-            for rc in RECOMPUTE:
-                for b in sizes:
-                    lay = replace(base, sharding=sharding, sequence_parallel=sp, recompute=rc,
-                                  micro_batch=b)
-                    est, why = _price(pricer, lay, inputs)
-                    if why:
-                        out.rejected.append(Rejection(lay, why))
-                    else:
-                        out.ranked.append(est)
+    for (sharding, reshard), v, sp, rc, b in itertools.product(shardings, chunks, sps,
+                                                                 RECOMPUTE, sizes):
+        lay = replace(base, sharding=sharding, reshard_after_forward=reshard, chunks=v,
+                      sequence_parallel=sp, recompute=rc, micro_batch=b)
+        est, why = _price(pricer, lay, inputs)
+        if why:
+            out.rejected.append(Rejection(lay, why))
+        else:
+            out.ranked.append(est)
 
 
 # ---- the decision framework: which lever to turn on first, and what each later one buys ------

@@ -13,14 +13,20 @@ from collections import Counter
 import math
 
 from labkit.comm import _TREE_OPS as TREE_OPS, collective_time, step_communication
-from labkit.flops import attention_flops_per_token, flops_per_step
+from labkit.activations import resolve
+from labkit.flops import flops_per_step
+from labkit.kernels import (FRAMEWORKS, LOSS_PEAK_BYTES, head_seconds, layer_seconds,
+                            optimizer_seconds)
 from labkit.memory import activation_value_bytes, estimate_memory, state_bytes
 from labkit.pipeline import activation_in_flight, bubble_formula
+from labkit.placement import stage_params
 from labkit.precision import gradient_bytes
 
 # sharding -> (ZeRO stage for estimate_memory, strategy for step_communication)
 SHARDING = {"ddp": (0, "ddp"), "zero1": (1, "zero1"), "zero2": (2, "zero2"), "fsdp": (3, "fsdp")}
 AXES = ("tp", "cp", "dp", "pp")          # rank order, innermost first (Megatron-LM's tp-cp-dp-pp)
+# the parts of a step's time (`Pricer.time`), in the order tables print them
+PARTS = ("compute", "host", "tp", "cp", "pp", "dp", "optimizer", "bubble")
 
 
 class Pricer:
@@ -28,15 +34,18 @@ class Pricer:
 
     def __init__(self, spec, gpus, global_batch, seq_len, *, gpu, dtype, mfu, intra, inter,
                  gpus_per_node, precision, optimizer, grad_accum, schedule, implementation,
-                 attention):
+                 attention, framework="megatron"):
         self.spec, self.gpus, self.B, self.s = spec, gpus, global_batch, seq_len
         self.gpu, self.mfu, self.intra, self.inter = gpu, mfu, intra, inter
         self.gpn, self.schedule = gpus_per_node, schedule
-        self.peak = gpu.flops(dtype)
+        self.peak, self.dtype, self.framework = gpu.flops(dtype), dtype, framework
         self.mem_kw = dict(seq_len=seq_len, precision=precision, optimizer=optimizer,
                            grad_accum=grad_accum, implementation=implementation,
                            attention=attention)
         self.state_bytes = state_bytes(precision, optimizer, grad_accum)
+        # the attention kernel the time prices: materialised scores, or FlashAttention's
+        self.attention = ("eager" if resolve(implementation, attention, None, spec)[1] == "eager"
+                          else "flash")
         w = self.state_bytes[0]
         self.bytes = dict(param_bytes=w, grad_bytes=gradient_bytes(w, grad_accum)[0],
                           activation_bytes=activation_value_bytes(precision))
@@ -99,7 +108,17 @@ class Pricer:
         held = self._memo(("held", self.schedule_of(lay), lay.pp, m, lay.chunks),
                           lambda: activation_in_flight(self.schedule_of(lay), lay.pp, m,
                                                        lay.chunks))
-        return max(st + lay.micro_batch * a * k for st, a, k in zip(states, act, held))
+        gathered = [0.0] * lay.pp
+        if lay.sharding == "fsdp" and not lay.reshard_after_forward:
+            # every unit stays gathered from its forward to its backward
+            group = lay.dp * lay.cp
+            gathered = [self.bytes["param_bytes"] * n * (1 - 1 / group)
+                        for n in self.stage_params(lay.tp, lay.pp)]
+        # the loss's transient peak on the last stage (`labkit.kernels.LOSS_PEAK_BYTES`)
+        gathered[-1] += (lay.micro_batch * self.s / lay.cp * self.spec.vocab_size / lay.tp
+                         * LOSS_PEAK_BYTES[FRAMEWORKS[self.framework].kernels])
+        return max(st + g + lay.micro_batch * a * k
+                   for st, g, a, k in zip(states, gathered, act, held))
 
     def schedule_of(self, lay) -> str:
         return "interleaved-1f1b" if lay.chunks > 1 else self.schedule
@@ -139,46 +158,82 @@ class Pricer:
         return self._memo(("flops", recompute, hardware), lambda: flops_per_step(
             self.spec, self.B, self.s, recompute=recompute, hardware=hardware))
 
-    def time(self, lay, m) -> dict:
-        """Seconds per step, by part: compute, tp, cp, pp, dp (exposed), bubble.
+    def kernels(self, lay) -> tuple:
+        """(one layer, the head): `labkit.kernels` seconds for one micro-batch on one GPU."""
+        key = ("kernels", lay.tp, lay.cp, lay.sequence_parallel, lay.recompute, lay.micro_batch)
 
-        - compute: the step's FLOPs with recompute's extra forward (`labkit.flops.flops_per_step`,
-          hardware=True) over gpus x dense peak x `mfu` (the share of peak the matmuls reach),
-          times pp ceil(L/pp) / L (the slowest stage sets the pace when the layers do not split
-          evenly).
-        - communication per axis (`labkit.comm.step_communication`, priced at one micro-batch
-          and scaled by m where its counts are: TP, CP, PP, every count per micro-batch; the
-          faster of ring and tree where NCCL has both), on the link its group uses: ranks are
-          numbered TP innermost, then CP, DP, PP (Megatron-LM's order), and a group inside one
-          node uses `intra_link`, else `inter_link` (bandwidth per GPU). Overlap assumption:
-          TP's collectives and PP's sends sit on the critical path (all exposed); CP's K/V
-          passes hide behind the attention FLOPs; the data-parallel reduction hides behind
-          backward compute: the last micro-batch's for ddp and ZeRO-1 (one reduction per step),
-          every micro-batch's for ZeRO-2, and FSDP's gathers behind all the compute (prefetch).
-          Exposed = max(0, communication - what hides it).
-        - bubble: `labkit.pipeline.bubble_formula` (relative to the ideal), times compute + TP
-          + CP."""
-        spec, n = self.spec, self.gpus
-        rate = n * self.peak * self.mfu
-        stage_layers = math.ceil(spec.num_layers / lay.pp)
-        compute = self.flops(lay.recompute) / rate * lay.pp * stage_layers / spec.num_layers
-        out = {"compute": compute}
-        out["tp"] = m * self._axis("tp", lay, self.link(lay, "tp"))
-        attention = 3 * attention_flops_per_token(spec, self.s) * self.B * self.s / rate
-        out["cp"] = max(0.0, m * self._axis("cp", lay, self.link(lay, "cp")) - attention)
+        def make():
+            tokens = lay.micro_batch * self.s / lay.cp
+            kw = dict(framework=self.framework, efficiency=self.mfu, dtype=self.dtype)
+            return (layer_seconds(self.spec, self.gpu, tokens=tokens, seq_len=self.s, tp=lay.tp,
+                                  cp=lay.cp, sequence_parallel=lay.sequence_parallel,
+                                  recompute=lay.recompute, attention=self.attention, **kw),
+                    head_seconds(self.spec, self.gpu, tokens=tokens, tp=lay.tp, **kw))
+        return self._memo(key, make)
+
+    def time(self, lay, m) -> dict:
+        """Seconds per step, by part (`PARTS`): compute, host, tp, cp, pp, dp, optimizer, bubble.
+
+        One micro-batch on the slowest pipeline stage (layers split as evenly as possible, the
+        last stage holding the fewest plus the output layer and the loss):
+        - compute: its kernels (`labkit.kernels.layer_seconds` / `head_seconds`: matmuls on a
+          roofline with a measured ceiling, `mfu` if given, FlashAttention, elementwise work at
+          HBM bandwidth; recompute's extra forward included).
+        - tp: TP's collectives (`labkit.comm.step_communication`, the faster of ring and tree
+          where NCCL has both), on the critical path. cp: the K/V ring passes, hidden behind
+          the attention of the blocks already received: exposed = max(0, passes - attention x
+          (cp - 1) / cp).
+        - host: the framework's launch time per layer (`labkit.kernels.FRAMEWORKS`); a
+          micro-batch takes max(device, host): the part of the host time not covered.
+        Times m micro-batches. Then
+        - pp: the point-to-point sends of every micro-batch (on the critical path);
+        - bubble: `labkit.pipeline.bubble_formula` (relative to the ideal) x m x one
+          micro-batch's time;
+        - dp (exposed): the data-parallel collectives less what hides them: the last
+          micro-batch's backward for ddp and ZeRO-1 (one reduction per step), every backward
+          for ZeRO-2, all the compute for FSDP (gathers prefetched; reshard_after_forward=False
+          drops the backward gathers);
+        - optimizer: a fused AdamW step over the parameters this GPU updates
+          (`labkit.kernels.optimizer_seconds`).
+        Groups inside one node use `intra_link`, else `inter_link`; ranks are numbered TP
+        innermost, then CP, DP, PP (Megatron-LM's order)."""
+        spec = self.spec
+        layer, head = self.kernels(lay)
+        L, pp = spec.num_layers, lay.pp
+        full, last = math.ceil(L / pp), L // pp
+        stage = max(full * layer.device, last * layer.device + head.device) if pp > 1 else \
+            L * layer.device + head.device
+        tp = self._axis("tp", lay, self.link(lay, "tp"))
+        cp = max(0.0, self._axis("cp", lay, self.link(lay, "cp"))
+                 - full * layer.attention * (lay.cp - 1) / lay.cp)
+        device = stage + tp + cp
+        wait = (FRAMEWORKS[self.framework].pp_tp_wait * lay.tp
+                if lay.pp > 1 and lay.tp > 1 else 0.0)
+        host = max(0.0, full * layer.host + wait - device)
+        out = {"compute": m * stage, "host": m * host, "tp": m * tp, "cp": m * cp}
         out["pp"] = m * self._axis("pp", lay, self.link(lay, "pp"), chunks=lay.chunks)
         strategy = SHARDING[lay.sharding][1]
         dp_link = self.link(lay, "dp")
-        dp = self._memo(("dp", strategy, lay.tp, lay.pp, lay.dp * lay.cp, m, dp_link.name),
+        reshard = lay.reshard_after_forward
+        dp = self._memo(("dp", strategy, reshard, lay.tp, lay.pp, lay.dp * lay.cp, m,
+                         dp_link.name),
                         lambda: self._seconds(step_communication(
                             strategy, spec, dp=lay.dp * lay.cp, tp=lay.tp, pp=lay.pp,
                             microbatches=m, param_bytes=self.bytes["param_bytes"],
-                            grad_bytes=self.bytes["grad_bytes"]), dp_link))
-        backward = 2 / 3 * compute
+                            grad_bytes=self.bytes["grad_bytes"],
+                            **({} if strategy != "fsdp" else
+                               {"reshard_after_forward": reshard})), dp_link))
+        backward = 2 / 3 * out["compute"]
         window = {"ddp": backward / m, "zero1": backward / m, "zero2": backward,
-                  "fsdp": compute}[lay.sharding]
+                  "fsdp": out["compute"]}[lay.sharding]
         out["dp"] = max(0.0, dp - window)
+        held = max(self.stage_params(lay.tp, lay.pp))
+        out["optimizer"] = optimizer_seconds(
+            held / (1 if lay.sharding == "ddp" else lay.dp * lay.cp), self.gpu)
         relative = (bubble_formula(self.schedule_of(lay), lay.pp, m, lay.chunks)[1]
                     if lay.pp > 1 else 0.0)
-        out["bubble"] = relative * (compute + out["tp"] + out["cp"])
+        out["bubble"] = relative * (out["compute"] + out["host"] + out["tp"] + out["cp"])
         return out
+
+    def stage_params(self, tp, pp) -> list[float]:
+        return self._memo(("params", tp, pp), lambda: stage_params(self.spec, tp, pp))

@@ -17,6 +17,7 @@ import math
 from labkit import flops, memory, resilience, validate
 from labkit.comm import collective_time, step_communication
 from labkit.hardware import GB, LINKS, get_gpu
+from labkit.kernels import facts_for
 from labkit.models import get_model
 from labkit.planner import Estimate, Layout, evaluate, plan
 
@@ -35,6 +36,13 @@ SCENARIO_CKPT_BANDWIDTH = 100 * GB
 LORA_SCOPE = ("LoRA is out of scope here: labkit's memory model (`estimate_memory`) has no "
               "policy for frozen weights (no gradients or optimizer states for them, adapters "
               "with their own), so it cannot cost LoRA honestly; the full fine-tune is costed.")
+
+
+def _efficiency(value, gpu) -> float:
+    """matmul_efficiency, None meaning the GPU's measured ceiling (`labkit.kernels.FACTS`)."""
+    if value is None:
+        return facts_for(gpu).gemm
+    return validate.positive("matmul_efficiency", value, 1.0)
 
 
 def trainable_tokens(model, gpus, gpu, days, mfu, seq_len=None, dtype="bf16") -> float:
@@ -123,7 +131,7 @@ class PretrainingCase:
 
 
 def pretraining_run(model="llama3-70b", gpus=512, gpu="h100-sxm", days=30, *, seq_len=8192,
-                    global_batch_tokens=2**22, matmul_efficiency=0.5,
+                    global_batch_tokens=2**22, matmul_efficiency=None,
                     daily_failure_rate=SCENARIO_FAILURE_RATE,
                     ckpt_bandwidth=SCENARIO_CKPT_BANDWIDTH, restart_seconds=0.0,
                     min_cp_tokens=None, gpus_per_node=8) -> PretrainingCase:
@@ -150,6 +158,7 @@ def pretraining_run(model="llama3-70b", gpus=512, gpu="h100-sxm", days=30, *, se
         raise ValueError(f"global_batch_tokens={bt:,} is less than one sequence of seq_len="
                          f"{s:,}; allowed: at least {s:,}")
     d = validate.positive("days", days, 1e6)
+    matmul_efficiency = _efficiency(matmul_efficiency, gpu)
     p = plan(spec, gpus, gpu=gpu, gpus_per_node=gpus_per_node, global_batch=bt // s,
              seq_len=s, mfu=matmul_efficiency,
              min_cp_tokens=s if min_cp_tokens is None else min_cp_tokens)
@@ -239,7 +248,7 @@ class FinetuneCase:
 
 
 def finetune_run(model="llama3-8b", gpus=8, gpu="h100-sxm", *, seq_len=8192, micro_batch=1,
-                 global_batch=64, tokens=1e9, matmul_efficiency=0.5,
+                 global_batch=64, tokens=1e9, matmul_efficiency=None,
                  gpus_per_node=8) -> FinetuneCase:
     """Full fine-tuning of `model` on `gpus` x `gpu` (bf16-mixed AdamW): the memory per GPU of
     data parallelism over all the GPUs at each ZeRO stage (0: DDP, 3: FSDP) and recompute mode,
@@ -252,6 +261,7 @@ def finetune_run(model="llama3-8b", gpus=8, gpu="h100-sxm", *, seq_len=8192, mic
     g = validate.positive_int("gpus", gpus, validate.MAX_RANKS)
     t = validate.positive("tokens", tokens, 1e18)
     capacity = get_gpu(gpu).memory
+    matmul_efficiency = _efficiency(matmul_efficiency, gpu)
     options = []
     for stage in memory.ZERO_STAGES:
         for rc in memory.RECOMPUTE:
@@ -316,7 +326,7 @@ class LongContextCase:
 
 
 def long_context_run(model="llama3-8b", seq_len=2**20, gpu="h100-sxm", *, tp=8,
-                     recompute="full", max_cp=64, matmul_efficiency=0.5,
+                     recompute="full", max_cp=64, matmul_efficiency=None,
                      gpus_per_node=8) -> LongContextCase:
     """One sequence of `seq_len` tokens (default 2**20, "1M": every power-of-two CP degree
     divides it): for cp = 1, 2, 4, ... up to max_cp (dividing seq_len, tp | seq_len / cp), the
@@ -330,7 +340,7 @@ def long_context_run(model="llama3-8b", seq_len=2**20, gpu="h100-sxm", *, tp=8,
     t = validate.positive_int("tp", tp, validate.MAX_RANKS)
     top = validate.positive_int("max_cp", max_cp, validate.MAX_RANKS)
     validate.choice("recompute", recompute, memory.RECOMPUTE)
-    eff = validate.positive("matmul_efficiency", matmul_efficiency, 1.0)
+    eff = _efficiency(matmul_efficiency, gpu)
     the_gpu = get_gpu(gpu)
     degrees = [c for c in (2**k for k in range(int(math.log2(top)) + 1))
                if s % c == 0 and (s // c) % t == 0]

@@ -86,7 +86,7 @@ class Pricer:
         parts = self.spec.layer_parts()
         return (parts["attention_sharded"] + parts["mlp_sharded"]) / tp + parts["replicated"]
 
-    def memory(self, lay, m) -> float:
+    def memory(self, lay, m, transient=True) -> float:
         """Bytes per GPU on the worst stage for layout `lay` with m micro-batches.
 
         `labkit.memory.estimate_memory`'s worst stage. A plan prices tens of thousands of
@@ -109,13 +109,14 @@ class Pricer:
                           lambda: activation_in_flight(self.schedule_of(lay), lay.pp, m,
                                                        lay.chunks))
         gathered = [0.0] * lay.pp
-        if lay.sharding == "fsdp" and not lay.reshard_after_forward:
+        if lay.sharding == "fsdp" and not lay.reshard_after_forward and transient:
             # every unit stays gathered from its forward to its backward
             group = lay.dp * lay.cp
             gathered = [self.bytes["param_bytes"] * n * (1 - 1 / group)
                         for n in self.stage_params(lay.tp, lay.pp)]
-        # the loss's transient peak on the last stage (`labkit.kernels.LOSS_PEAK_BYTES`)
-        gathered[-1] += (lay.micro_batch * self.s / lay.cp * self.spec.vocab_size / lay.tp
+        # the loss's transient peak on the last stage (`labkit.kernels.LOSS_PEAK_BYTES`), and
+        # FSDP's gathered units without resharding: not what estimate_memory counts
+        gathered[-1] += transient * (lay.micro_batch * self.s / lay.cp * self.spec.vocab_size / lay.tp
                          * LOSS_PEAK_BYTES[FRAMEWORKS[self.framework].kernels])
         return max(st + g + lay.micro_batch * a * k
                    for st, g, a, k in zip(states, gathered, act, held))

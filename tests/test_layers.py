@@ -15,7 +15,7 @@ import pytest
 
 PKG = Path(__file__).resolve().parent.parent / "labkit"
 
-COST = {"models", "hardware", "memory", "flops", "comm", "pipeline", "validate", "precision",
+COST = {"models", "hardware", "memory", "flops", "comm", "pipeline", "validate", "precision", "kernels",
         "placement", "activations", "scaling", "offload", "deepspeed", "fsdp", "fsdp_migrate",
         "resilience", "tp", "planner", "planner_cost", "quiz", "design", "topology", "field"}
 # layer of each top-level part of the package, and what each layer may import

@@ -116,13 +116,15 @@ def verify_tp_innermost(tp, dp, pp, gpus_per_node=8):
 
 def layout_memory_gb(model, tp, pp, dp, recompute, global_batch=256, seq_len=4096,
                      gpu="h100-sxm"):
-    """GB per GPU (worst stage) of a ZeRO-1 layout, micro-batch 1, as the planner prices it."""
+    """GB per GPU (worst stage) of a ZeRO-1 layout, micro-batch 1, as the planner prices it
+    (production kernels' activations, labkit.activations "fused"), against what is usable."""
     e = evaluate(model, Layout(tp=tp, pp=pp, dp=dp, sharding="zero1", recompute=recompute),
                  gpu=gpu, global_batch=global_batch, seq_len=seq_len)
     m = estimate_memory(model, batch_size=1, seq_len=seq_len, zero_stage=1, dp=dp, tp=tp, pp=pp,
-                        recompute=recompute, microbatches=e.microbatches)
-    return {"answer": e.memory / GB, "states_gb": m.model_states / GB,
+                        recompute=recompute, microbatches=e.microbatches, implementation="fused")
+    return {"answer": m.total / GB, "states_gb": m.model_states / GB,
             "act_gb": m.activations / GB, "m": e.microbatches, "capacity_gb": e.capacity / GB,
+            "usable_gb": e.usable / GB, "planner_gb": e.memory / GB,
             "fits": "fits" if e.fits else "does NOT fit", "held": min(pp, e.microbatches)}
 
 

@@ -17,7 +17,9 @@ import ipywidgets as widgets
 from labkit import validate
 from labkit.hardware import GPUS
 from labkit.models import PRESETS
-from labkit.planner import decide, evaluate, plan
+from labkit.kernels import facts_for
+from labkit.planner import _sharding, decide, evaluate, plan
+from labkit.planner_cost import PARTS
 from labkit.plots import GB, png_bytes
 from labkit.plots.planner import plan_figure
 from labkit.widgets import (MFU_RANGE, Calculator, error_html, int_field, mfu_field, pick, row,
@@ -28,8 +30,9 @@ from labkit.widgets import (MFU_RANGE, Calculator, error_html, int_field, mfu_fi
 MAX_GPUS = 131072
 MAX_TOP = 30                    # layouts listed and drawn
 RANGES = {"mfu": MFU_RANGE}
-HEADER = ["#", "dp", "tp", "pp", "cp", "sharding", "b", "m", "recompute", "step s", "compute",
-          "tp comm", "cp comm", "pp sends", "dp comm", "bubble", "GB/GPU", "tokens/s", "MFU %"]
+HEADER = ["#", "dp", "tp", "pp", "v", "cp", "sharding", "b", "m", "recompute", "step s",
+          "compute", "host", "tp comm", "cp comm", "pp sends", "dp comm", "optimizer", "bubble",
+          "GB/GPU", "tokens/s", "MFU %"]
 
 
 @functools.lru_cache(maxsize=16)
@@ -64,7 +67,8 @@ class PlannerCalculator(Calculator):
             "gpus_per_node": int_field("GPUs per node", 8, description_width=w),
             "global_batch": int_field("global batch", 512, description_width=w),
             "seq_len": int_field("seq length", 8192, description_width=w),
-            "mfu": mfu_field(50.0),
+            # the matmuls' share of peak: default the GPU's measured ceiling (labkit.kernels)
+            "mfu": mfu_field(round(100 * facts_for("h100-sxm").gemm, 1)),
             "top": int_field("top K", 8, description_width=w),
         }
         self.controls: dict[str, widgets.Widget] = c
@@ -135,10 +139,9 @@ class PlannerCalculator(Calculator):
         for k, e in enumerate(self.shown, 1):
             lay, bd = e.layout, e.breakdown
             rows.append([k, f"{lay.dp:,}", f"{lay.tp}{'+sp' if lay.sequence_parallel else ''}",
-                         lay.pp, lay.cp, lay.sharding, lay.micro_batch, f"{e.microbatches:,}",
-                         lay.recompute, f"{e.step_time:,.3f}"]
-                        + [f"{bd[part]:,.3f}" for part in ("compute", "tp", "cp", "pp", "dp",
-                                                           "bubble")]
+                         lay.pp, lay.chunks, lay.cp, _sharding(lay), lay.micro_batch,
+                         f"{e.microbatches:,}", lay.recompute, f"{e.step_time:,.3f}"]
+                        + [f"{bd[part]:,.3f}" for part in PARTS]
                         + [f"{e.memory / GB:,.1f}", f"{e.tokens_per_second:,.0f}",
                            f"{100 * e.mfu:.1f}"])
         return table_html(rows, header=HEADER)

@@ -3,6 +3,8 @@
 (the planner's throughput against the MFU formula, `evaluate` against `plan`)."""
 from __future__ import annotations
 
+from labkit.kernels import FACTS
+
 import math
 
 import pytest
@@ -152,11 +154,13 @@ def test_ring_attention_hop_closed_form(long8b):
     link = LINKS["ib-ndr"]                                   # tp x cp > 8: across nodes
     assert long8b.link == link.name
     assert long8b.hop_seconds == pytest.approx(link.latency + hop / link.bandwidth, rel=1e-12)
-    compute = 4 * spec.q_size * x * x / t / (H100.peak_flops["bf16"] * 0.5)
+    eff = long8b.inputs["matmul_efficiency"]
+    assert eff == FACTS[H100.name].gemm                     # default: the measured ceiling
+    compute = 4 * spec.q_size * x * x / t / (H100.peak_flops["bf16"] * eff)
     assert long8b.hop_compute == pytest.approx(compute, rel=1e-12)
     assert long8b.hidden
     # 2 x kv / t x 2 B / B_link  =  4 q x / t / (P e)  at  x = kv P e / (q B_link)
-    even = spec.kv_size * H100.peak_flops["bf16"] * 0.5 / (spec.q_size * link.bandwidth)
+    even = spec.kv_size * H100.peak_flops["bf16"] * eff / (spec.q_size * link.bandwidth)
     assert long8b.min_tokens_per_rank == pytest.approx(even, rel=1e-9)
     assert long8b.sends_per_step == (c - 1) * 4 * spec.num_layers   # full recompute: 4 per layer
     share = 12 * spec.num_layers * spec.q_size * s / model_flops_per_token("llama3-8b", s)

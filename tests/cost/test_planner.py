@@ -16,23 +16,18 @@ throughput must be within FACTOR of the reported one):
   MFU (model FLOPs: compared with `model_tflops_per_gpu`), WITHOUT activation checkpointing,
   FSDP that does not reshard after the forward, interleaved stages (the first chunk of the
   first stage holds only the embedding, the last chunk of the last stage only the output
-  projection and loss); 400 Gb/s per GPU (ib-ndr). labkit cannot represent that run (a known
-  limit of its model, not a fact about the run): it counts transformers' LlamaForCausalLM
-  activations (fp32 RMSNorm copies, four unfused SwiGLU tensors), not a production run's fused
-  kernels, and puts the no-recompute layout's stage 0 (16 micro-batches of 8,192 tokens in
-  flight) at about 101 GB per GPU (test_llama3_405b_as_run_is_over_80_gb_in_labkit). So the
-  row here is the paper's degrees with full recompute, labkit's fit, named as such; micro-batch
-  1 and 2 chunks per stage are assumed.
+  projection and loss); 400 Gb/s per GPU (ib-ndr). Priced as run (V = 2 assumed) with the
+  production kernels' activations (labkit.activations "fused", the planner's default).
 - BigScience 2022 (BLOOM-176B; bigscience train/tr11-176B-ml README): 384 A100 80GB, TP 4,
   PP 12, DP 8, ZeRO-1, micro-batch 2, global batch 2,048, sequence 2,048, "about 150 TFLOPs"
   per GPU (Megatron-DeepSpeed's count, with recomputation); 4 Omni-Path 100 Gb/s links per
   node of 8 GPUs.
-FACTOR = 2: one assumed matmul efficiency (mfu = 0.5) for A100 and H100 runs four years apart,
-schedules and overlaps the papers do not fully report, and an alpha-beta network model with no
-congestion. Measured ratios (predicted / reported): GPT-3 0.90, 310B 0.84, 1T 0.79, MT-NLG 530B
-1.01, Llama 3's degrees with full recompute 0.56, BLOOM 0.86. The table is labkit.field's
-`published_runs()` (each run's source there; MT-NLG: Smith et al. 2022, TP 8 x PP 35 x DP 8
-on 2,240 A100s, 126 TFLOP/s).
+FACTOR = 1.6: kernels priced from measured ceilings (labkit.kernels), schedules and overlaps
+the papers do not fully report, and an alpha-beta network model with no congestion. Measured
+ratios (predicted / reported): GPT-3 1.27, 310B 1.23, 1T 1.18, MT-NLG 530B 1.49, Llama 3 405B
+as run 0.96, BLOOM 1.31: the A100 runs of 2021-22 reached less of the kernels' measured ceilings
+than labkit prices (issue 31 asks for 15 %). The table is labkit.field's `published_runs()`
+(each run's source there; MT-NLG: Smith et al. 2022, TP 8 x PP 35 x DP 8 on 2,240 A100s).
 """
 from __future__ import annotations
 
@@ -43,10 +38,10 @@ import pytest
 from labkit import field
 from labkit.memory import estimate_memory
 from labkit.models import get_model
-from labkit.planner import Layout, degree_problem, evaluate, plan
+from labkit.planner import Layout, _setup, degree_problem, evaluate, plan
 from labkit.planner_cost import SHARDING
 
-FACTOR = 2.0
+FACTOR = 1.6
 LLAMA3 = dict(gpu="h100-sxm", global_batch=2048, seq_len=8192)
 
 
@@ -63,7 +58,10 @@ PUBLISHED = field.published_runs()
 def test_published_layouts_fit_and_match_reported_throughput(name):
     run = PUBLISHED[name]
     e = evaluate(run.model, run.layout, **run.inputs)
-    assert e.fits, f"{name}: {e.memory / 1e9:.1f} GB"
+    assert e.memory <= e.capacity, f"{name}: {e.memory / 1e9:.1f} GB"
+    # within the headroom too, except Llama 3 as run (77.8 GB: labkit holds all 16 micro-batches
+    # of interleaved 1F1B at m = p in flight; the paper does not give its memory)
+    assert e.fits or name == "llama 3 405b", f"{name}: {e.memory / 1e9:.1f} GB"
     assert e.layout.gpus == run.gpus
     predicted = getattr(e, f"{run.count}_tflops_per_gpu")
     assert 1 / FACTOR <= predicted / run.tflops <= FACTOR, (name, predicted, run.tflops)
@@ -73,14 +71,18 @@ def test_published_layouts_fit_and_match_reported_throughput(name):
     assert "NVLink" in e.links["tp"] and "NVLink" not in e.links["pp"]
 
 
-def test_llama3_405b_as_run_is_over_80_gb_in_labkit():
-    """The known limit: the paper's degrees without recompute, as it ran, do not fit in labkit
-    (nor with selective recompute, which drops nothing under SDPA); a later change that makes
-    the run representable must update this test, the docstring and lesson 08."""
-    for recompute in ("none", "selective"):
-        e = evaluate("llama3-405b", llama3_degrees(recompute), **LLAMA3)
-        assert not e.fits and 100e9 < e.memory < 103e9, (recompute, e.memory)
-    assert evaluate("llama3-405b", llama3_degrees("full"), **LLAMA3).fits
+def test_llama3_405b_as_run_is_priced_with_production_kernels():
+    """As run (no recompute, FSDP without resharding, v = 2) it fits the 80 GB card with the
+    production kernels' activations (the planner's default) and not with transformers'
+    LlamaForCausalLM's (fp32 norm copies, four unfused SwiGLU tensors)."""
+    run = PUBLISHED["llama 3 405b"]
+    fused = evaluate(run.model, run.layout, **run.inputs)
+    eager = evaluate(run.model, run.layout, **run.inputs, implementation="hf-llama")
+    assert fused.memory < fused.capacity < eager.memory
+    assert fused.model_tflops_per_gpu == pytest.approx(400, rel=0.15)
+    # full recompute fits with room to spare, for a third more compute
+    full = evaluate(run.model, llama3_degrees("full"), **LLAMA3)
+    assert full.fits and full.memory < fused.memory / 2
 
 
 def test_llama3_405b_on_16k_gpus_reaches_its_reported_degrees():
@@ -137,7 +139,13 @@ def test_fast_memory_matches_estimate_memory_on_random_layouts():
         lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, sharding=rng.choice(list(SHARDING)),
                      micro_batch=b, recompute=rng.choice(["none", "selective", "full"]),
                      sequence_parallel=tp > 1 and rng.random() < 0.5)
-        e = evaluate(spec, lay, global_batch=dp * b * 8, seq_len=4096, gpus_per_node=1024)
+        e = evaluate(spec, lay, global_batch=dp * b * 8, seq_len=4096, gpus_per_node=1024,
+                     implementation="hf-llama")
+        pricer = _setup(spec, lay.gpus, "h100-sxm", 1024, dp * b * 8, 4096, "bf16-mixed",
+                        "adamw", None, None, None, "1f1b", "param", "hf-llama", None)[1]
+        kept = pricer.memory(lay, 8, transient=False)
+        # the loss's transient peak comes on top (labkit.kernels.LOSS_PEAK_BYTES)
+        assert kept <= e.memory <= kept + 4 * b * 4096 / cp * spec.vocab_size / tp + 1
         zero = SHARDING[lay.sharding][0]
         unit = None
         if zero == 3:
@@ -146,7 +154,7 @@ def test_fast_memory_matches_estimate_memory_on_random_layouts():
         ref = estimate_memory(spec, batch_size=b, seq_len=4096, zero_stage=zero, dp=dp * cp,
                               tp=tp, pp=pp, cp=cp, sequence_parallel=lay.sequence_parallel,
                               recompute=lay.recompute, microbatches=8, largest_layer=unit)
-        assert e.memory == pytest.approx(ref.total, rel=1e-9), lay
+        assert kept == pytest.approx(ref.total, rel=1e-9), lay
 
 
 def test_step_time_parts_follow_the_cost_models():

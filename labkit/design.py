@@ -17,7 +17,7 @@ import math
 from labkit import flops, memory, resilience, validate
 from labkit.comm import collective_time, step_communication
 from labkit.hardware import GB, LINKS, get_gpu
-from labkit.kernels import facts_for
+from labkit.kernels import matmul_efficiency
 from labkit.models import get_model
 from labkit.planner import Estimate, Layout, evaluate, plan
 
@@ -39,9 +39,9 @@ LORA_SCOPE = ("LoRA is out of scope here: labkit's memory model (`estimate_memor
 
 
 def _efficiency(value, gpu) -> float:
-    """matmul_efficiency, None meaning the GPU's measured ceiling (`labkit.kernels.FACTS`)."""
+    """matmul_efficiency, None meaning what labkit.kernels prices (`matmul_efficiency`)."""
     if value is None:
-        return facts_for(gpu).gemm
+        return matmul_efficiency(gpu)
     return validate.positive("matmul_efficiency", value, 1.0)
 
 

@@ -195,6 +195,7 @@ class PublishedRun:
     tflops: float
     count: str
     source: str
+    era: str | None = None          # a key of labkit.planner.ERAS: what its framework offered
 
 
 def published_runs() -> dict[str, PublishedRun]:
@@ -215,22 +216,23 @@ def published_runs() -> dict[str, PublishedRun]:
         "megatron gpt-3 175b": PublishedRun(
             "gpt3-175b", Layout(tp=8, pp=12, dp=16, recompute="full"),
             dict(a100, global_batch=1536), 1536, 141, "hardware",
-            narayanan + "; Table 2, PTD-P, batch 1,536, micro-batch 1"),
+            narayanan + "; Table 2, PTD-P, batch 1,536, micro-batch 1", "megatron-2021"),
         "megatron 310b": PublishedRun(
             "megatron-310b", Layout(tp=8, pp=16, dp=15, recompute="full"),
             dict(a100, global_batch=2160), 1920, 155, "hardware",
-            narayanan + "; Table 1 (micro-batch not printed: 1 assumed)"),
+            narayanan + "; Table 1 (micro-batch not printed: 1 assumed)", "megatron-2021"),
         "megatron 1t": PublishedRun(
             "megatron-1t", Layout(tp=8, pp=64, dp=6, recompute="full"),
             dict(a100, global_batch=3072), 3072, 163, "hardware",
-            narayanan + "; Table 1 (micro-batch not printed: 1 assumed)"),
+            narayanan + "; Table 1 (micro-batch not printed: 1 assumed)", "megatron-2021"),
         "mt-nlg 530b": PublishedRun(
             _megatron("mt-nlg-530b", 20480, 105, 128, vocab=50257),
             Layout(tp=8, pp=35, dp=8, recompute="full"), dict(a100, global_batch=1920), 2240,
             126, "hardware",
             "Smith et al. 2022 (Megatron-Turing NLG 530B): 105 layers, hidden 20,480, 128 "
             "heads, sequence 2,048, batch 1,920, 280 DGX A100 nodes, TP 8 x PP 35 x DP 8, "
-            "126 TFLOP/s per GPU, activation checkpointing (micro-batch 1 assumed)"),
+            "126 TFLOP/s per GPU, activation checkpointing (micro-batch 1 assumed)",
+            "megatron-deepspeed-2022"),
         "llama 3 405b": PublishedRun(
             "llama3-405b", Layout(tp=8, pp=16, dp=128, sharding="fsdp", chunks=2,
                                   reshard_after_forward=False, sequence_parallel=True,
@@ -246,7 +248,7 @@ def published_runs() -> dict[str, PublishedRun]:
             dict(a100, global_batch=2048, inter_link=omni_path), 384, 150, "hardware",
             "BigScience 2022 (BLOOM-176B, tr11-176B-ml README): 384 A100 80GB, TP 4, PP 12, "
             "DP 8, ZeRO-1, micro-batch 2, batch 2,048, sequence 2,048, about 150 TFLOP/s; 4 "
-            "Omni-Path 100 Gb/s links per node of 8 GPUs"),
+            "Omni-Path 100 Gb/s links per node of 8 GPUs", "megatron-deepspeed-2022"),
     }
 
 
@@ -259,3 +261,41 @@ def price_published(**planner_kwargs) -> dict[str, tuple]:
         e = evaluate(run.model, run.layout, **{**run.inputs, **planner_kwargs})
         out[name] = (run, e, getattr(e, f"{run.count}_tflops_per_gpu") / run.tflops)
     return out
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A layout a framework ships as its recipe (no throughput reported): the model, the
+    layout as labkit lays it out, evaluate's inputs, and the source."""
+
+    model: object
+    layout: object
+    inputs: dict
+    source: str
+
+
+def recipes() -> dict[str, Recipe]:
+    """Layouts practitioners ship; tests/cost/test_field.py checks the planner ranks each close
+    to its best."""
+    from labkit.planner import Layout
+
+    return {
+        "nemo llama3-70b pretrain": Recipe(
+            "llama3-70b", Layout(tp=4, pp=4, chunks=5, cp=2, dp=1, sharding="zero1",
+                                 sequence_parallel=True),
+            dict(gpu="h100-sxm", global_batch=512, seq_len=8192),
+            "NVIDIA NeMo 2.0, nemo/collections/llm/recipes/llama3_70b.py (pretrain_recipe): 4 "
+            "nodes x 8 GPUs, tensor_parallelism=4, pipeline_parallelism=4, "
+            "virtual_pipeline_parallelism=5, context_parallelism=2, sequence_parallelism=True, "
+            "seq_length=8192, global_batch_size=512, micro_batch_size=1, distributed fused "
+            "Adam (the optimizer states sharded over DP: zero1); CP at 8K tokens in practice"),
+    }
+
+
+def rank_in_plan(model, layout, inputs, era=None, **plan_kwargs):
+    """(Comparison, Plan): where `layout` ranks in `plan` over its GPUs with `inputs`, searching
+    only what its era's framework offered (`labkit.planner.ERAS`) when `era` is given."""
+    from labkit.planner import ERAS, plan
+
+    p = plan(model, layout.gpus, **inputs, **(ERAS[era] if era else {}), **plan_kwargs)
+    return p.compare(layout), p

@@ -39,6 +39,20 @@ DEFAULT_TOKENS = 2**22          # default global batch: about 4M tokens per step
 # of the card will not run).
 RESERVED = 1.5 * GB
 FRAGMENTATION = 0.05
+# Context parallelism must pay for what it adds (another process group, ring attention's
+# kernels and their numerics, load balancing across the causal mask): `plan` ranks a CP layout
+# as if it took this share longer, so a layout without CP within 1 % is preferred.
+CP_PREMIUM = 0.01
+# What a framework offered when a published run was made: `plan(..., **ERAS[name])` searches
+# only that. Megatron-LM 2021 (Narayanan et al.): full recompute, no sequence parallelism (2022),
+# no CP, no sharded optimizer (ZeRO-1 came to Megatron-LM in 2022); Megatron-DeepSpeed 2022
+# (BLOOM, MT-NLG): ZeRO-1 as well.
+ERAS = {
+    "megatron-2021": dict(recompute=("full",), sequence_parallel=(False,), sharding=("ddp",),
+                          min_cp_tokens=validate.MAX_SEQ_LEN),
+    "megatron-deepspeed-2022": dict(recompute=("full",), sequence_parallel=(False,),
+                                    sharding=("ddp", "zero1"), min_cp_tokens=validate.MAX_SEQ_LEN),
+}
 
 
 def usable_memory(capacity: float, reserved=None, fragmentation=None) -> float:
@@ -157,7 +171,7 @@ class Plan:
         spec, kwargs = self.pricing
         lay = parse_layout(layout) if isinstance(layout, str) else layout
         est = evaluate(spec, lay, **kwargs)
-        faster = sum(e.step_time < est.step_time for e in self.ranked)
+        faster = sum(rank_key(e) < rank_key(est) for e in self.ranked)
         return Comparison(est, self.best, faster + 1 if est.fits else None, len(self.ranked))
 
     @property
@@ -430,7 +444,8 @@ def plan(model, gpus, gpu="h100-sxm", gpus_per_node=8, global_batch=None, seq_le
          precision="bf16-mixed", optimizer="adamw", mfu=None, intra_link=None, inter_link=None,
          max_microbatch=8, schedule="1f1b", grad_accum="param", min_cp_tokens=1024,
          implementation=None, attention=None, framework="megatron", reserved=None,
-         fragmentation=None, max_chunks=4) -> Plan:
+         fragmentation=None, max_chunks=4, recompute=RECOMPUTE,
+         sequence_parallel=(False, True), sharding=tuple(SHARDING)) -> Plan:
     """Every layout of `model` on `gpus` GPUs (`Layout`), ranked by step time.
 
     gpu: a key of `labkit.hardware.GPUS`; gpus_per_node: GPUs one intra-node link joins;
@@ -439,7 +454,13 @@ def plan(model, gpus, gpu="h100-sxm", gpus_per_node=8, global_batch=None, seq_le
     intra_link / inter_link: keys of LINKS or Links (default: the GPU's NVLink, and one
     InfiniBand port per GPU: HDR for A100s, else NDR); max_microbatch: micro-batch sizes tried
     are the powers of two up to it; schedule: "1f1b" or "gpipe"; min_cp_tokens: fewest tokens a
-    context-parallel rank keeps.
+    context-parallel rank keeps (seq_len: no CP); max_chunks: interleaved model chunks per
+    stage tried (1, 2, 4, ...); recompute / sequence_parallel: the modes tried (e.g.
+    recompute=("full",), sequence_parallel=(False,), sharding=("ddp",) searches what
+    Megatron-LM offered in 2021; `ERAS`);
+    framework: whose kernels and host costs (`labkit.kernels.FRAMEWORKS`, default "megatron");
+    reserved / fragmentation: the headroom (`usable_memory`). Ranked by `rank_key`: step time,
+    CP layouts charged CP_PREMIUM.
 
     Rejected, each with its reason, in this order: TP across nodes (tp larger than, or not
     dividing, gpus_per_node: its per-layer collectives need NVLink); degrees that do not divide
@@ -453,6 +474,9 @@ def plan(model, gpus, gpu="h100-sxm", gpus_per_node=8, global_batch=None, seq_le
                                   grad_accum, implementation, attention, framework, reserved,
                                   fragmentation)
     top_v = validate.positive_int("max_chunks", max_chunks, validate.MAX_LAYERS)
+    modes = _subset("recompute", recompute, RECOMPUTE)
+    sps = _subset("sequence_parallel", sequence_parallel, (False, True))
+    shards = _subset("sharding", sharding, tuple(SHARDING))
     top_b = validate.positive_int("max_microbatch", max_microbatch, validate.MAX_BATCH)
     min_cp = validate.positive_int("min_cp_tokens", min_cp_tokens, validate.MAX_SEQ_LEN)
     n, gpn, s = inputs["gpus"], inputs["gpus_per_node"], inputs["seq_len"]
@@ -477,26 +501,43 @@ def plan(model, gpus, gpu="h100-sxm", gpus_per_node=8, global_batch=None, seq_le
                         f"batch: global_batch={inputs['global_batch']:,} is not divisible by "
                         f"dp={dp:,}")))
                     continue
-                _levers(pricer, base, sizes, inputs, out, spec, top_v)
+                _levers(pricer, base, sizes, inputs, out, spec, top_v, modes, sps, shards)
     # at the same step time (4 significant digits), the fewest model-parallel ranks (less to
-    # set up and to go wrong), then the least memory
-    out.ranked.sort(key=lambda e: (float(f"{e.step_time:.4g}"),
-                                   e.layout.tp * e.layout.pp * e.layout.cp, e.memory))
+    # set up and to go wrong), then the least memory; CP ranked as if CP_PREMIUM slower
+    out.ranked.sort(key=rank_key)
     return out
 
 
-def _levers(pricer, base, sizes, inputs, out, spec, top_v) -> None:
+def rank_key(e: Estimate) -> tuple:
+    """How `plan` orders layouts: step time (CP's x (1 + CP_PREMIUM)) at 4 significant digits,
+    then the fewest model-parallel ranks, then the least memory."""
+    lay = e.layout
+    t = e.step_time * (1 + CP_PREMIUM if lay.cp > 1 else 1)
+    return float(f"{t:.4g}"), lay.tp * lay.pp * lay.cp, e.memory
+
+
+def _subset(name, values, allowed) -> tuple:
+    values = tuple(values) if isinstance(values, (list, tuple)) else (values,)
+    if not values:
+        raise ValueError(f"{name}=() tries nothing; allowed: a non-empty choice of {allowed}")
+    for v in values:
+        validate.choice(name, v, allowed)
+    return values
+
+
+def _levers(pricer, base, sizes, inputs, out, spec, top_v, modes=RECOMPUTE,
+            allowed_sp=(False, True), shards=tuple(SHARDING)) -> None:
     """Price every sharding (FSDP with and without resharding after forward), interleaving
     (chunks v = 1, 2, 4, ... up to top_v with pp x v <= num_layers), sequence parallelism,
     recompute and micro-batch size of `base`."""
-    shardings = [(s, True) for s in SHARDING] + [("fsdp", False)] \
-        if base.dp * base.cp > 1 else [("ddp", True)]
+    shardings = ([(s, True) for s in shards] + [("fsdp", False)] * ("fsdp" in shards)
+                 if base.dp * base.cp > 1 else [("ddp", True)])
     chunks = [v for v in (2**k for k in range(int(math.log2(top_v)) + 1))
               if base.pp * v <= spec.num_layers] if base.pp > 1 else [1]
-    sps = (False, True) if base.tp > 1 and (inputs["seq_len"] // base.cp) % base.tp == 0 \
-        else (False,)
+    sps = [sp for sp in allowed_sp
+           if not sp or (base.tp > 1 and (inputs["seq_len"] // base.cp) % base.tp == 0)]
     for (sharding, reshard), v, sp, rc, b in itertools.product(shardings, chunks, sps,
-                                                                 RECOMPUTE, sizes):
+                                                                 modes, sizes):
         lay = replace(base, sharding=sharding, reshard_after_forward=reshard, chunks=v,
                       sequence_parallel=sp, recompute=rc, micro_batch=b)
         est, why = _price(pricer, lay, inputs)

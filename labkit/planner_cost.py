@@ -216,11 +216,15 @@ class Pricer:
         strategy = SHARDING[lay.sharding][1]
         dp_link = self.link(lay, "dp")
         reshard = lay.reshard_after_forward
-        dp = self._memo(("dp", strategy, reshard, lay.tp, lay.pp, lay.dp * lay.cp, m,
+        # FSDP without resharding keeps the weights gathered for the whole step: one gather
+        # and one reduce-scatter per step (torchtitan's pipeline schedules with FSDP: no
+        # reshard after backward and gradient sync on the last micro-batch only, as Llama 3)
+        per_step = 1 if strategy == "fsdp" and not reshard else m
+        dp = self._memo(("dp", strategy, reshard, lay.tp, lay.pp, lay.dp * lay.cp, per_step,
                          dp_link.name),
                         lambda: self._seconds(step_communication(
                             strategy, spec, dp=lay.dp * lay.cp, tp=lay.tp, pp=lay.pp,
-                            microbatches=m, param_bytes=self.bytes["param_bytes"],
+                            microbatches=per_step, param_bytes=self.bytes["param_bytes"],
                             grad_bytes=self.bytes["grad_bytes"],
                             **({} if strategy != "fsdp" else
                                {"reshard_after_forward": reshard})), dp_link))

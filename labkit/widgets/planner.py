@@ -17,7 +17,7 @@ import ipywidgets as widgets
 from labkit import validate
 from labkit.hardware import GPUS
 from labkit.models import PRESETS
-from labkit.kernels import facts_for
+from labkit.kernels import matmul_efficiency
 from labkit.planner import _sharding, decide, evaluate, plan
 from labkit.planner_cost import PARTS
 from labkit.plots import GB, png_bytes
@@ -67,8 +67,8 @@ class PlannerCalculator(Calculator):
             "gpus_per_node": int_field("GPUs per node", 8, description_width=w),
             "global_batch": int_field("global batch", 512, description_width=w),
             "seq_len": int_field("seq length", 8192, description_width=w),
-            # the matmuls' share of peak: default the GPU's measured ceiling (labkit.kernels)
-            "mfu": mfu_field(round(100 * facts_for("h100-sxm").gemm, 1)),
+            # the matmuls' share of peak: default what labkit.kernels prices for an H100
+            "mfu": mfu_field(round(100 * matmul_efficiency("h100-sxm"), 1)),
             "top": int_field("top K", 8, description_width=w),
         }
         self.controls: dict[str, widgets.Widget] = c

@@ -3,7 +3,7 @@
 (the planner's throughput against the MFU formula, `evaluate` against `plan`)."""
 from __future__ import annotations
 
-from labkit.kernels import FACTS
+from labkit.kernels import matmul_efficiency
 
 import math
 
@@ -155,7 +155,7 @@ def test_ring_attention_hop_closed_form(long8b):
     assert long8b.link == link.name
     assert long8b.hop_seconds == pytest.approx(link.latency + hop / link.bandwidth, rel=1e-12)
     eff = long8b.inputs["matmul_efficiency"]
-    assert eff == FACTS[H100.name].gemm                     # default: the measured ceiling
+    assert eff == matmul_efficiency(H100)                   # default: what kernels prices
     compute = 4 * spec.q_size * x * x / t / (H100.peak_flops["bf16"] * eff)
     assert long8b.hop_compute == pytest.approx(compute, rel=1e-12)
     assert long8b.hidden

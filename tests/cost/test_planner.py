@@ -32,16 +32,17 @@ than labkit prices (issue 31 asks for 15 %). The table is labkit.field's `publis
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
 from labkit import field
 from labkit.memory import estimate_memory
 from labkit.models import get_model
-from labkit.planner import Layout, _setup, degree_problem, evaluate, plan
+from labkit.planner import Layout, _setup, degree_problem, evaluate, parse_layout, plan
 from labkit.planner_cost import SHARDING
 
-FACTOR = 1.6
+FACTOR = 1.35
 LLAMA3 = dict(gpu="h100-sxm", global_batch=2048, seq_len=8192)
 
 
@@ -90,8 +91,8 @@ def test_llama3_405b_on_16k_gpus_reaches_its_reported_degrees():
     # timed test: a loaded machine made this fail, issue 28 item 14).
     p = plan("llama3-405b", 16384, gpu="h100-sxm", global_batch=2048, seq_len=8192)
     best = p.best.layout
-    assert best.tp == 8 and best.pp > 1            # TP fills the node, PP across nodes
-    # the paper's degrees, in the layouts labkit fits (with recompute: see the docstring)
+    assert 4 <= best.tp <= 8 and best.pp > 1       # TP inside a node, PP across nodes
+    # the paper's degrees, in the layouts labkit fits (its run, 77.8 GB, is over the headroom)
     reported = [e for e in p.ranked if (e.layout.tp, e.layout.pp, e.layout.dp, e.layout.cp)
                 == (8, 16, 128, 1)]
     assert reported and p.best.step_time <= min(e.step_time for e in reported)
@@ -190,3 +191,52 @@ def test_bad_layout_is_a_message():
         evaluate("llama2-7b", Layout(sharding="zero3"))
     with pytest.raises(ValueError, match="must be a labkit.planner.Layout"):
         evaluate("llama2-7b", {"tp": 2})
+
+
+def test_headroom_is_what_a_plan_may_fill():
+    from labkit.planner import FRAGMENTATION, RESERVED, usable_memory
+
+    assert usable_memory(80e9) == pytest.approx(80e9 * (1 - FRAGMENTATION) - RESERVED)
+    assert usable_memory(80e9, reserved=0, fragmentation=0) == 80e9
+    e = evaluate("llama3-8b", Layout(dp=8, sharding="fsdp"), global_batch=64, seq_len=8192)
+    tight = evaluate("llama3-8b", Layout(dp=8, sharding="fsdp"), global_batch=64,
+                     seq_len=8192, reserved=e.capacity - e.memory * 0.99, fragmentation=0)
+    assert e.fits and not tight.fits and tight.memory == e.memory
+    with pytest.raises(ValueError, match="fragmentation"):
+        usable_memory(80e9, fragmentation=0.9)
+
+
+def test_fsdp_without_reshard_holds_the_weights_and_gathers_once():
+    base = Layout(tp=8, pp=4, dp=16, sharding="fsdp", sequence_parallel=True)
+    kept = replace(base, reshard_after_forward=False)
+    a, b = (evaluate("llama3-70b", lay, global_batch=512, seq_len=8192) for lay in (base, kept))
+    assert b.memory > a.memory and b.breakdown["dp"] <= a.breakdown["dp"]
+    assert str(kept).count("no-reshard") == 1 and parse_layout(str(kept)) == kept
+
+
+def test_plan_searches_interleaving_and_what_an_era_offered():
+    from labkit.planner import ERAS, rank_key
+
+    p = plan("llama3-70b", 64, global_batch=512, seq_len=8192)
+    assert any(e.layout.chunks > 1 for e in p.ranked)
+    assert any(not e.layout.reshard_after_forward for e in p.ranked)
+    assert [rank_key(e) for e in p.ranked] == sorted(rank_key(e) for e in p.ranked)
+    old = plan("gpt3-175b", 1536, gpu="a100-80gb", global_batch=1536, seq_len=2048,
+               **ERAS["megatron-2021"])
+    assert {(e.layout.recompute, e.layout.sequence_parallel, e.layout.sharding, e.layout.cp)
+            for e in old.ranked} == {("full", False, "ddp", 1)}
+    with pytest.raises(ValueError, match="recompute"):
+        plan("llama3-8b", 8, recompute=("sometimes",))
+    with pytest.raises(ValueError, match="tries nothing"):
+        plan("llama3-8b", 8, sharding=())
+
+
+def test_cp_must_pay_its_premium():
+    from labkit.planner import CP_PREMIUM
+
+    p = plan("gpt3-175b", 1536, gpu="a100-80gb", global_batch=1536, seq_len=2048)
+    no_cp = next(e for e in p.ranked if e.layout.cp == 1)
+    with_cp = min((e for e in p.ranked if e.layout.cp > 1), key=lambda e: e.step_time)
+    if with_cp.step_time < no_cp.step_time:              # faster, but not by the premium
+        assert no_cp.step_time < with_cp.step_time * (1 + CP_PREMIUM)
+    assert p.best.layout.cp == 1

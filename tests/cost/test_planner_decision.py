@@ -63,13 +63,13 @@ def test_7b_on_8_gpus_shards_the_states_first():
     assert lay.sharding != "ddp" and (lay.tp, lay.pp, lay.cp) == (1, 1, 1)
 
 
-def test_70b_on_64_gpus_shards_recomputes_then_tp_fills_the_node():
+def test_70b_on_64_gpus_shards_recomputes_then_tp_inside_the_node():
     d = decision("llama2-70b", 64, global_batch=512, seq_len=4096, **H100)
     check_consistent(d)
     first, worth = levers(d)
     assert first == "recompute" and worth[0] == "TP inside a node"
     assert d.rungs[0].best is None and d.rungs[1].best is None
-    assert d.rungs[3].best.layout.tp == 8                   # TP fills the node, no more
+    assert d.rungs[3].best.layout.tp in (4, 8)              # TP inside the node
     assert d.plan.best.layout.pp > 1                        # and layers split across nodes
 
 
@@ -78,7 +78,7 @@ def test_405b_on_16k_gpus_starts_with_tp_8():
     check_consistent(d)
     assert levers(d)[0] == "TP inside a node"
     assert "not divisible by dp=16,384" in d.rungs[0].reason
-    assert d.rungs[3].best.layout.tp == 8 and d.plan.best.layout.tp == 8
+    assert d.rungs[3].best.layout.tp == 8 and 4 <= d.plan.best.layout.tp <= 8
 
 
 def test_405b_at_128k_tokens_needs_pp_and_cp_pays():

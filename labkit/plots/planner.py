@@ -1,9 +1,10 @@
-"""The planner's figure: the top layouts of a `labkit.planner.plan`, each one's step time stacked
-by part (compute, exposed communication per axis, pipeline bubble), beside its memory per GPU
-against the GPU's capacity.
+"""The planner's figures: the top layouts of a `labkit.planner.plan`, each one's step time
+stacked by part (compute, exposed communication per axis, pipeline bubble), beside its memory
+per GPU against the GPU's capacity; and the planner against a measured sweep (`field_scatter`).
 
     >>> p = plan("llama3-70b", 64, gpu="h100-sxm", global_batch=512, seq_len=8192)
     >>> fig = plan_figure(p.ranked[:8], capacity=p.inputs["capacity"])
+    >>> fig = field_scatter(labkit.field.price_sweep())
 """
 from __future__ import annotations
 
@@ -20,7 +21,10 @@ LABELS = {"compute": "compute", "host": "host-bound wait", "tp": "TP comm",
 def layout_label(layout) -> str:
     """A short name for a layout on an axis: 'tp8+sp pp16 dp128 cp1 fsdp b1 full'."""
     sp = "+sp" if layout.sequence_parallel else ""
-    return (f"tp{layout.tp}{sp} pp{layout.pp} dp{layout.dp} cp{layout.cp} {layout.sharding} "
+    v = f"v{layout.chunks}" if layout.chunks > 1 else ""
+    sharding = ("fsdp-nr" if layout.sharding == "fsdp" and not layout.reshard_after_forward
+                else layout.sharding)
+    return (f"tp{layout.tp}{sp} pp{layout.pp}{v} dp{layout.dp} cp{layout.cp} {sharding} "
             f"b{layout.micro_batch} {layout.recompute}")
 
 
@@ -56,4 +60,47 @@ def plan_figure(estimates, capacity: float, title: str = "", order: str = "faste
                ncols=len(handles))
     if title:
         fig.suptitle(title, fontsize=9)
+    return fig
+
+
+def field_scatter(rows, title: str = ""):
+    """Predicted against measured tokens/s per GPU for priced sweep rows (`labkit.field`), one
+    colour per model, log scales, the diagonal and a +-25 % band; runs left out of the figures
+    (more than labkit.field.BREAKDOWN slower than their group's best) drawn hollow."""
+    from labkit.field import BREAKDOWN
+
+    fig = new_figure(7.0, 5.0)
+    ax = fig.add_subplot()
+    best: dict = {}
+    for r in rows:
+        if r.estimate is not None and r.measured_tokens:
+            key = (r.model, r.nodes)
+            best[key] = max(best.get(key, 0.0), r.measured_tokens)
+    colours = {}
+    for r in rows:
+        if r.estimate is None or not r.measured_tokens:
+            continue
+        c = colours.setdefault(r.model, ["#4c72b0", "#dd8452", "#55a868", "#8172b3"][
+            len(colours) % 4])
+        kept = r.measured_tokens >= best[(r.model, r.nodes)] / BREAKDOWN
+        ax.scatter(r.measured_tokens, r.predicted_tokens, s=10, linewidths=0.6,
+                   facecolors=c if kept else "none", edgecolors=c, alpha=0.7)
+    values = [v for r in rows if r.estimate is not None and r.measured_tokens
+              for v in (r.measured_tokens, r.predicted_tokens)]
+    low, high = min(values) / 1.5, max(values) * 1.5
+    ax.plot([low, high], [low, high], color="black", linewidth=1, label="predicted = measured")
+    ax.fill_between([low, high], [0.75 * low, 0.75 * high], [1.25 * low, 1.25 * high],
+                    color="grey", alpha=0.2, label="within 25 %")
+    for model, c in colours.items():
+        ax.scatter([], [], s=10, color=c, label=f"{model} model")
+    ax.scatter([], [], s=10, facecolors="none", edgecolors="grey",
+               label=f"> {BREAKDOWN:g}x slower than its group's best (left out)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(low, high)
+    ax.set_ylim(low, high)
+    ax.set_xlabel("measured tokens/s per GPU")
+    ax.set_ylabel("predicted tokens/s per GPU (labkit.planner.evaluate)")
+    ax.legend(fontsize=7, frameon=False, loc="upper left")
+    ax.set_title(title or "the planner against a measured sweep", fontsize=9)
     return fig

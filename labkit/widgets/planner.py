@@ -7,14 +7,16 @@ breakdown, memory per GPU and throughput, and why the others were rejected (`lab
     >>> calc.controls["gpus"].value = "128"              # a test's way of typing
     >>> calc.plan.best.layout, calc.plan.rejection_counts()
     >>> calc.shown                                       # the Estimates in the figure
+    >>> calc.load_published("llama 3 405b"); print(calc.comparison.text())   # as it ran
 """
 from __future__ import annotations
 
 import functools
+import html
 
 import ipywidgets as widgets
 
-from labkit import validate
+from labkit import field, validate
 from labkit.hardware import GPUS
 from labkit.models import PRESETS
 from labkit.kernels import matmul_efficiency
@@ -29,6 +31,12 @@ from labkit.widgets import (MFU_RANGE, Calculator, error_html, int_field, mfu_fi
 # divisors (27,720) on a loaded laptop core; the planner itself takes up to validate.MAX_RANKS.
 MAX_GPUS = 131072
 MAX_TOP = 30                    # layouts listed and drawn
+
+
+def published_choices() -> list[str]:
+    """The published runs (labkit.field) whose model is a preset of the model list."""
+    return [n for n, r in field.published_runs().items()
+            if isinstance(r.model, str) and r.model in PRESETS]
 RANGES = {"mfu": MFU_RANGE}
 HEADER = ["#", "dp", "tp", "pp", "v", "cp", "sharding", "b", "m", "recompute", "step s",
           "compute", "host", "tp comm", "cp comm", "pp sends", "dp comm", "optimizer", "bubble",
@@ -44,7 +52,8 @@ def cached_plan(model, gpus, gpu, gpus_per_node, global_batch, seq_len, mfu):
 
 class PlannerCalculator(Calculator):
     """Controls: model, gpus, gpu, gpus_per_node, global_batch (sequences per step), seq_len,
-    mfu (percent of the GPU's dense peak), top (layouts listed and drawn). `plan` (the Plan),
+    mfu (percent of the GPU's dense peak), top (layouts listed and drawn), published (a run
+    of `labkit.field.published_runs()` to start from: `load_published`). `plan` (the Plan),
     `shown` (the Estimates drawn: the `top` fastest, or when nothing fits the `top` leanest,
     over the capacity) and `decision` (`labkit.planner.decide` of the plan: the lever to turn
     on first) are the last results (None while the input is invalid), `error` the message shown
@@ -70,19 +79,27 @@ class PlannerCalculator(Calculator):
             # the matmuls' share of peak: default what labkit.kernels prices for an H100
             "mfu": mfu_field(round(100 * matmul_efficiency("h100-sxm"), 1)),
             "top": int_field("top K", 8, description_width=w),
+            # a published run as the starting point (labkit.field), those on a preset model
+            "published": pick("published run",
+                              [("(none)", "")] + [(n, n) for n in published_choices()], "",
+                              "520px"),
         }
         self.controls: dict[str, widgets.Widget] = c
         self._set_initial(initial)
         self.result = widgets.HTML()
         self.rejections = widgets.HTML()
         self.ladder = widgets.HTML()
+        self.published = widgets.HTML()           # the published layout against the best
+        self.comparison = None                    # its labkit.planner.Comparison, or None
+        self._loading = False
         self.figure = widgets.Image(format="png", layout=widgets.Layout(width="1000px"))
         self.plan = self.shown = self.decision = None
         self.error: str | None = None
         self.widget = widgets.VBox([
             row([c["model"], c["gpus"], c["gpu"], c["gpus_per_node"]]),
             row([c["global_batch"], c["seq_len"], c["mfu"], c["top"]]),
-            self.result, self.figure, self.ladder, self.rejections])
+            row([c["published"]]),
+            self.result, self.published, self.figure, self.ladder, self.rejections])
         self._watch()
         self.update()
 
@@ -97,6 +114,32 @@ class PlannerCalculator(Calculator):
                              "more)")
         return dict(model=c["model"].value, gpu=c["gpu"].value, mfu=self._mfu(), **typed)
 
+    def _on_change(self, change) -> None:
+        if self._loading:
+            return                                # one plan once every control is set
+        if change["owner"] is self.controls["published"] and change["new"]:
+            self.load_published(change["new"])
+            return
+        self.update()
+
+    def load_published(self, name: str) -> None:
+        """Start from the published run `name` (`published_choices()`): its model, GPUs, GPU,
+        batch and sequence in the controls, then one plan; `comparison` shows where its layout
+        ranks (`labkit.planner.Plan.compare`), as this calculator prices it."""
+        run = field.published_runs()[validate.choice("published run", name,
+                                                     published_choices())]
+        values = dict(model=run.model, gpus=str(run.gpus), gpu=run.inputs["gpu"],
+                      gpus_per_node="8", global_batch=str(run.inputs["global_batch"]),
+                      seq_len=str(run.inputs["seq_len"]), published=name,
+                      mfu=round(100 * matmul_efficiency(run.inputs["gpu"]), 1))
+        self._loading = True
+        try:
+            for key, value in values.items():
+                self.controls[key].value = value
+        finally:
+            self._loading = False
+        self.update()
+
     def top(self) -> int:
         return validate.positive_int("top K", self.read_ints(["top"])["top"], MAX_TOP)
 
@@ -108,16 +151,17 @@ class PlannerCalculator(Calculator):
             shown = p.ranked[:k] or [evaluate(kw["model"], r.layout, **rest)
                                      for r in p.leanest(k)]
         except ValueError as exc:
-            self.plan = self.shown = self.decision = None
+            self.plan = self.shown = self.decision = self.comparison = None
             self.error = self.error_text(exc)
             self.result.value = error_html(self.error)
-            self.rejections.value = self.ladder.value = ""
+            self.rejections.value = self.ladder.value = self.published.value = ""
             self.show_figure(None)
             return
         self.plan, self.shown, self.decision, self.error = p, shown, decide(p), None
         self.result.value = self._verdict() + (self._table() if p.ranked else "")
         self.rejections.value = self._rejected()
         self.ladder.value = self._ladder()
+        self.published.value = self._published(kw)
         i, order = p.inputs, "fastest" if p.ranked else "leanest"
         title = (f"{i['model']} on {i['gpus']:,} x {i['gpu']}, batch {i['global_batch']:,} x "
                  f"{i['seq_len']:,} tokens, matmuls at {100 * i['mfu']:.3g} % of peak: the "
@@ -145,6 +189,24 @@ class PlannerCalculator(Calculator):
                         + [f"{e.memory / GB:,.1f}", f"{e.tokens_per_second:,.0f}",
                            f"{100 * e.mfu:.1f}"])
         return table_html(rows, header=HEADER)
+
+    def _published(self, kw) -> str:
+        """The chosen published run's layout against this plan's best, or ""."""
+        self.comparison = None
+        name = self.controls["published"].value
+        if not name:
+            return ""
+        run = field.published_runs()[name]
+        head = (f"<b>Published: {name}</b> ({run.layout}, {run.tflops} TFLOP/s per GPU "
+                f"reported, {run.count} FLOPs; {run.source})")
+        if run.layout.gpus != kw["gpus"]:
+            return (f"{head}<br>its layout needs {run.layout.gpus:,} GPUs; set GPUs to "
+                    f"{run.layout.gpus:,} to compare it")
+        try:
+            self.comparison = self.plan.compare(run.layout)
+        except ValueError as exc:                 # cannot run with these inputs
+            return f"{head}<br>{error_html(exc)}"
+        return f"{head}<pre>{html.escape(self.comparison.text())}</pre>"
 
     def _ladder(self) -> str:
         d = self.decision

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 import pytest
 
+from labkit import field
 from labkit.kernels import matmul_efficiency
 from labkit.planner import decide, evaluate, plan
 from labkit.plots import png_bytes
@@ -20,7 +21,8 @@ from labkit.widgets.planner import MAX_GPUS, MAX_TOP, PlannerCalculator, cached_
 from test_calculator_properties import (PROPERTY, _assert_readable, _checked_png,
                                         _raises_value_error, _text, drive, type_into)
 
-CONTROLS = ("model", "gpus", "gpu", "gpus_per_node", "global_batch", "seq_len", "mfu", "top")
+CONTROLS = ("model", "gpus", "gpu", "gpus_per_node", "global_batch", "seq_len", "mfu", "top",
+            "published")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -183,3 +185,22 @@ def test_planner_calculator_shows_a_result_or_a_message(data):
     weights = dict.fromkeys(CONTROLS, 1)
     weights.update({n: 3 for n in ("gpus", "global_batch", "seq_len", "top")})
     drive(data, calc, check_planner, weights)
+
+
+def test_a_published_run_is_a_starting_point():
+    calc = PlannerCalculator()
+    calc.controls["published"].value = "megatron 1t"
+    run = field.published_runs()["megatron 1t"]
+    assert calc.controls["gpus"].value == "3,072" or calc.controls["gpus"].value == "3072"
+    assert calc.controls["gpu"].value == "a100-80gb" and calc.plan.inputs["gpus"] == 3072
+    want = plan(run.model, 3072, gpu="a100-80gb", global_batch=3072, seq_len=2048,
+                mfu=calc.controls["mfu"].value / 100)
+    assert calc.comparison.rank == want.compare(run.layout).rank
+    assert "Published: megatron 1t" in calc.published.value and "rank" in calc.published.value
+    check_planner(calc)
+    calc.controls["gpus"].value = "64"           # the layout no longer matches the cluster
+    assert calc.comparison is None and "needs 3,072 GPUs" in calc.published.value
+    calc.controls["published"].value = ""
+    assert calc.published.value == "" and calc.comparison is None
+    with pytest.raises(ValueError, match="published run"):
+        calc.load_published("gpt-5")

@@ -21,7 +21,7 @@ from labkit import validate
 from labkit.hardware import GB, get_gpu, get_link
 from labkit.memory import RECOMPUTE, tp_splits
 from labkit.models import get_model
-from labkit.kernels import FRAMEWORKS
+from labkit.kernels import FRAMEWORKS, matmul_efficiency
 from labkit.planner_cost import PARTS, SHARDING, Pricer
 from labkit.tp import COMPUTE_DTYPE
 
@@ -350,7 +350,7 @@ def _setup(model, gpus, gpu, gpus_per_node, global_batch, seq_len, precision, op
                     attention=attention, framework=framework)
     inputs = dict(model=spec.name, gpus=n, gpu=the_gpu.name, capacity=the_gpu.memory,
                   gpus_per_node=gpn, global_batch=B, seq_len=s, precision=precision,
-                  optimizer=optimizer, mfu=u, intra_link=intra.name, inter_link=inter.name,
+                  optimizer=optimizer, mfu=matmul_efficiency(the_gpu) if u is None else u, intra_link=intra.name, inter_link=inter.name,
                   schedule=schedule, params=spec.num_params(),
                   states_per_param=sum(pricer.state_bytes), framework=framework,
                   usable=usable_memory(the_gpu.memory, reserved, fragmentation))

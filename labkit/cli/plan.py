@@ -27,8 +27,12 @@ def add_arguments(parser):
                         help="tokens per sequence (default: the model's context, at most 8192)")
     parser.add_argument("--precision", default="bf16-mixed", help="default bf16-mixed")
     parser.add_argument("--optimizer", default="adamw", help="default adamw")
-    parser.add_argument("--mfu", type=float, default=0.5,
-                        help="share of the dense peak the matmuls reach (default 0.5)")
+    parser.add_argument("--mfu", type=float, default=None,
+                        help="share of the dense peak large matmuls reach (default: the GPU's "
+                             "measured ceiling x 0.85, labkit.kernels)")
+    parser.add_argument("--framework", default="megatron",
+                        help="whose kernels and host costs: megatron | nanotron (default "
+                             "megatron)")
     parser.add_argument("--intra-link", default=None, help="e.g. nvlink4 (default: the GPU's)")
     parser.add_argument("--inter-link", default=None, help="e.g. ib-ndr (default: by GPU)")
     parser.add_argument("--max-microbatch", type=int, default=8,
@@ -52,7 +56,8 @@ def run(args) -> int:
                  global_batch=args.global_batch, seq_len=args.seq_len,
                  precision=args.precision, optimizer=args.optimizer, mfu=args.mfu,
                  intra_link=args.intra_link, inter_link=args.inter_link,
-                 max_microbatch=args.max_microbatch, schedule=args.schedule)
+                 max_microbatch=args.max_microbatch, schedule=args.schedule,
+                 framework=args.framework)
     except ValueError as exc:
         print(f"labkit plan: {exc}", file=sys.stderr)
         return 2
@@ -60,7 +65,8 @@ def run(args) -> int:
     print(f"{i['model']} on {i['gpus']:,} x {i['gpu']} ({i['gpus_per_node']} per node; TP "
           f"links: {i['intra_link']}, across nodes: {i['inter_link']}); global batch "
           f"{i['global_batch']:,} x {i['seq_len']:,} tokens, {i['precision']}, {i['optimizer']}, "
-          f"matmuls at {100 * i['mfu']:.3g} % of peak, {i['schedule']}")
+          f"matmuls at {100 * i['mfu']:.3g} % of peak, {i['schedule']}, "
+          f"{i['framework']} kernels; usable memory {i['usable'] / 1e9:.1f} GB per GPU")
     print(p.why())
     if p.ranked:
         print()

@@ -1,10 +1,10 @@
 """The planner's figures: the top layouts of a `labkit.planner.plan`, each one's step time
 stacked by part (compute, exposed communication per axis, pipeline bubble), beside its memory
-per GPU against the GPU's capacity; and the planner against a measured sweep (`field_scatter`).
+per GPU against the GPU's capacity; and the planner against a measured sweep (`field_figure`).
 
     >>> p = plan("llama3-70b", 64, gpu="h100-sxm", global_batch=512, seq_len=8192)
     >>> fig = plan_figure(p.ranked[:8], capacity=p.inputs["capacity"])
-    >>> fig = field_scatter(labkit.field.price_sweep())
+    >>> fig = field_figure(labkit.field.price_sweep())
 """
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def plan_figure(estimates, capacity: float, title: str = "", order: str = "faste
     return fig
 
 
-def field_scatter(rows, title: str = ""):
+def field_figure(rows, title: str = ""):
     """Predicted against measured tokens/s per GPU for priced sweep rows (`labkit.field`), one
     colour per model, log scales, the diagonal and a +-25 % band; runs left out of the figures
     (more than labkit.field.BREAKDOWN slower than their group's best) drawn hollow."""

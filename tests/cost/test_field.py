@@ -1,11 +1,11 @@
 """labkit.field: the measured sweep, read and priced as run, and its agreement figures.
 
-The figures asserted are the planner's today (labkit.kernels: matmul roofline, FlashAttention,
-elementwise traffic, the framework's host time; median Spearman 0.74 with 79 % of the 14
-groups >= 0.5, fits 88.1 %, median ratio 1.09 with 43 % within 25 %; issue 31 asks for >= 80 %
-of groups and >= 50 % within 25 %); they guard against a change that makes the planner agree
-less with the field. Each can fail: a shuffled prediction, a model that fits everything, a
-planner twice as optimistic."""
+The figures asserted are the planner's today (labkit.kernels: matmul roofline at measured
+ceilings x SUSTAINED, FlashAttention, elementwise traffic, the framework's host time; median
+Spearman 0.74 with 79 % of the 14 groups >= 0.5, fits 88.1 %, median ratio 1.03 with 48 % within
+25 %; issue 31 asks for >= 80 % of groups and >= 50 % within 25 %); they guard against a change
+that makes the planner agree less with the field. Each can fail: a shuffled prediction, a model
+that fits everything, a planner twice as optimistic."""
 from __future__ import annotations
 
 import random
@@ -44,7 +44,7 @@ def test_the_planner_agrees_with_the_sweep_at_least_as_well_as_today(rows):
     assert m.priced >= 1580 and len(m.groups) == 14      # TP over whole nodes priced too
     assert m.median_spearman >= 0.70 and m.share_groups_at_half >= 0.75
     assert m.fits_agreement >= 0.86
-    assert 0.9 <= m.median_ratio <= 1.25 and m.share_within_25 >= 0.38
+    assert 0.9 <= m.median_ratio <= 1.15 and m.share_within_25 >= 0.44
 
 
 def test_evaluate_prices_tp_over_whole_nodes_on_the_inter_node_link():
@@ -94,3 +94,14 @@ def test_a_shipped_recipe_ranks_near_the_best():
         c, p = field.rank_in_plan(r.model, r.layout, r.inputs)
         assert c.estimate.fits and c.estimate.step_time <= 1.1 * p.best.step_time, name
         assert r.layout.cp > 1 and p.best.layout.cp > 1      # CP pays here, as NeMo ships it
+
+
+def test_fits_and_ratio_can_fail(rows):
+    """A planner that fits everything, or one twice as optimistic, fails the guards above."""
+    m = field.sweep_metrics(rows)
+    roomy = [replace(r, estimate=replace(r.estimate, usable=float("inf")))
+             if r.estimate is not None else r for r in rows]
+    assert field.sweep_metrics(roomy).fits_agreement < 0.86 <= m.fits_agreement
+    halved = [replace(r, measured_tokens=r.measured_tokens / 2) if r.measured_tokens else r
+              for r in rows]
+    assert field.sweep_metrics(halved).median_ratio > 1.25 >= m.median_ratio

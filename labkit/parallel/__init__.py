@@ -5,8 +5,8 @@ against a single-device reference: `ddp` (NaiveDDP, OverlappedDDP, BucketedDDP),
 (ShardedOptimizer = ZeRO-1, ShardedGradientOptimizer = ZeRO-2), `zero3` (FullyShardedModel),
 `tensor` (Megatron f/g, column/row parallel layers, sequence parallelism), `pipe` (GPipe and 1F1B
 over send/recv), `mesh` (validated degrees, named DeviceMesh axes, the ordered composition TP ->
-activation checkpointing -> FSDP). Modules 03-08 of the course fill this folder; the helpers
-they share are below.
+activation checkpointing -> FSDP), `context` (ring attention), `expert` (MoE routing and expert
+parallelism over all-to-all). Modules 03-10 fill this folder; their shared helpers are below.
 
 May import: torch, layer 1 and runtime/. Never labs/, course/, cli/ or the views.
 """

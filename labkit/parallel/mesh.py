@@ -25,35 +25,62 @@ from labkit import validate
 # tolerates the inter-node link best). Megatron-LM numbers its ranks the same way (tp-cp-dp-pp,
 # innermost first), and so does labkit.planner when it picks each axis's link.
 AXES = ("pp", "dp", "cp", "tp")          # outermost to innermost
+# The expert layers' view of the same ranks (Megatron-LM's "tp-ep-dp-pp" expert order): in each
+# pipeline stage its tp x cp x dp ranks are laid out again as edp x ep x etp, expert tensor
+# parallelism innermost, then expert parallelism, then expert data parallelism (edp =
+# tp cp dp / (ep etp)): rank = p (tp cp dp) + (d ep + e) etp + t.
+EXPERT_AXES = ("pp", "edp", "ep", "etp")
 TP_PLANS = ("llama", "llama-sp")
 MP_KEYS = ("param_dtype", "reduce_dtype")
 
 
 @dataclass(frozen=True)
 class Degrees:
-    """Validated parallel degrees; their product is the world size (`world`)."""
+    """Validated parallel degrees; their product is the world size (`world`). ep and etp
+    (expert and expert-tensor parallelism) fold into the same ranks (`EXPERT_AXES`): ep x etp
+    must divide tp x cp x dp, the ranks of one pipeline stage."""
 
     dp: int = 1
     tp: int = 1
     pp: int = 1
     cp: int = 1
+    ep: int = 1
+    etp: int = 1
 
     def __post_init__(self):
-        for axis in AXES:
+        for axis in AXES + ("ep", "etp"):
             object.__setattr__(self, axis, validate.positive_int(axis, getattr(self, axis),
                                                                  validate.MAX_RANKS))
+        stage = self.tp * self.cp * self.dp
+        if stage % (self.ep * self.etp):
+            ok = [d for d in validate.divisors(stage) if stage % (d * self.etp) == 0]
+            raise ValueError(f"ep={self.ep} x etp={self.etp} does not divide the tp={self.tp} x "
+                             f"cp={self.cp} x dp={self.dp} = {stage} ranks of a pipeline stage, "
+                             f"which the expert layers reuse; allowed ep (etp={self.etp}): "
+                             f"{', '.join(map(str, ok)) or 'none'}")
+
+    @property
+    def edp(self) -> int:
+        """Expert data parallelism: how many copies of each expert (tp cp dp / (ep etp))."""
+        return self.tp * self.cp * self.dp // (self.ep * self.etp)
+
+    @property
+    def expert_shape(self) -> tuple[int, int, int, int]:
+        """The expert mesh's shape, in `EXPERT_AXES` order (pp, edp, ep, etp)."""
+        return self.pp, self.edp, self.ep, self.etp
 
     @classmethod
     def for_world(cls, world: int, **given) -> "Degrees":
-        """The degrees for `world` ranks: those given, and dp (when not given) the rest."""
+        """The degrees for `world` ranks: those given, and dp (when not given) the rest (ep and
+        etp fold into the same ranks: they do not count in the product)."""
         world = validate.positive_int("world", world, validate.MAX_RANKS)
         for name in given:
-            validate.choice("degree", name, AXES)
+            validate.choice("degree", name, AXES + ("ep", "etp"))
         others = math.prod(validate.positive_int(k, v, validate.MAX_RANKS)
-                           for k, v in given.items() if k != "dp")
+                           for k, v in given.items() if k in AXES and k != "dp")
         if "dp" not in given:
             if world % others:
-                named = " x ".join(f"{k}={v}" for k, v in given.items())
+                named = " x ".join(f"{k}={v}" for k, v in given.items() if k in AXES)
                 raise ValueError(f"{named} (product {others}) does not divide world={world}: dp "
                                  f"would not be whole; allowed products: "
                                  f"{', '.join(map(str, validate.divisors(world)))}")
@@ -70,7 +97,10 @@ class Degrees:
         return tuple(getattr(self, a) for a in AXES)
 
     def __str__(self) -> str:
-        return " x ".join(f"{a}{getattr(self, a)}" for a in AXES) + f" = {self.world} ranks"
+        experts = (f" (experts: ep{self.ep} x etp{self.etp} x edp{self.edp})"
+                   if self.ep * self.etp > 1 else "")
+        return " x ".join(f"{a}{getattr(self, a)}" for a in AXES) + f" = {self.world} ranks" \
+            + experts
 
     def check(self, model=None, *, seq_len: int | None = None, global_batch: int | None = None,
               microbatch: int = 1, world: int | None = None, causal_balanced: bool = False,
@@ -134,12 +164,18 @@ class Degrees:
         FSDP over dp and cp): ranks that differ only in those coordinates, ascending; groups in
         order of the other coordinates. Pure Python: what build_mesh's groups must equal."""
         if not axes:
-            raise ValueError(f"groups() needs at least one axis; allowed: {', '.join(AXES)}")
+            raise ValueError(f"groups() needs at least one axis; allowed: {', '.join(AXES)}, "
+                             "or the expert axes edp, ep, etp")
+        expert = [a for a in axes if a in EXPERT_AXES[1:]]
+        if expert and len(expert) != len(axes):
+            raise ValueError(f"groups{axes}: expert axes (edp, ep, etp) and dense axes "
+                             f"({', '.join(AXES)}) are two views of the same ranks; ask one view")
         for a in axes:
-            validate.choice("axis", a, AXES)
-        shape = self.shape
-        fixed = [i for i, a in enumerate(AXES) if a not in axes]
-        free = [i for i, a in enumerate(AXES) if a in axes]
+            validate.choice("axis", a, AXES + EXPERT_AXES[1:])
+        names = EXPERT_AXES if expert else AXES
+        shape = self.expert_shape if expert else self.shape
+        fixed = [i for i, a in enumerate(names) if a not in axes]
+        free = [i for i, a in enumerate(names) if a in axes]
 
         def rank_of(idx):
             r = 0
@@ -151,7 +187,7 @@ class Degrees:
         for outer in itertools.product(*(range(shape[i]) for i in fixed)):
             group = []
             for inner in itertools.product(*(range(shape[i]) for i in free)):
-                idx = [0] * len(AXES)
+                idx = [0] * len(names)
                 for i, v in zip(fixed, outer):
                     idx[i] = v
                 for i, v in zip(free, inner):
@@ -176,6 +212,19 @@ class Degrees:
         self.check(world=dist.get_world_size())
         validate.choice("device_type", device_type, ("cpu", "cuda"))
         return init_device_mesh(device_type, self.shape, mesh_dim_names=AXES)
+
+    def build_expert_mesh(self, device_type: str = "cpu"):
+        """The expert layers' DeviceMesh over the same ranks, axes `EXPERT_AXES` (pp, edp, ep,
+        etp): its groups are `groups("ep")`, `groups("edp")`, `groups("etp")`."""
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from labkit.parallel import require_process_group
+
+        require_process_group("Degrees.build_expert_mesh")
+        self.check(world=dist.get_world_size())
+        validate.choice("device_type", device_type, ("cpu", "cuda"))
+        return init_device_mesh(device_type, self.expert_shape, mesh_dim_names=EXPERT_AXES)
 
 
 def node_of(rank: int, gpus_per_node: int) -> int:

@@ -138,7 +138,7 @@ def ranks(request):
 def test_expert_parallelism_equals_one_process(ranks):
     for rank, out in enumerate(ranks):
         for name, c in out.items():
-            if name == "world_size":
+            if name in ("world_size", "ep2_edp2"):
                 continue
             assert max(c["diff"].values()) < TOL, (rank, name, c["diff"])
             assert c["dropped"][0] == c["dropped"][1], (rank, name)
@@ -148,3 +148,32 @@ def test_expert_parallelism_equals_one_process(ranks):
     assert cases["k2_empty_experts"]["empty_experts"] >= 2       # some experts got no token
     assert "replicated_1" in cases["k1_dropped_shared"]["diff"]  # shared experts compared
 
+
+
+def test_ep_folds_into_the_data_parallel_ranks(ranks):
+    """On 4 ranks, EP = 2 x EDP = 2: the expert mesh's groups are Degrees.groups', and EP over
+    each group of 2 equals the MoE on that group's tokens (with dropped assignments)."""
+    if len(ranks) != 4:
+        pytest.skip("the 4-rank launch checks the folded mesh")
+    for out in ranks:
+        c = out["ep2_edp2"]
+        assert c["groups"] == c["want"] and c["local"] == 4
+        assert c["diff"] < TOL and c["dropped"] > 0
+
+
+def test_expert_groups_fold_as_megatron_lays_them_out():
+    from labkit.parallel.mesh import Degrees
+
+    d = Degrees.for_world(8, tp=2, ep=4)                 # dp 4; experts: ep 4 x edp 2
+    assert d.edp == 2 and d.groups("ep") == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert d.groups("edp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    d = Degrees.for_world(16, tp=2, pp=2, ep=2, etp=2)   # per stage: edp 2 x ep 2 x etp 2
+    assert d.groups("etp") == d.groups("tp")
+    assert d.groups("ep")[:2] == [[0, 2], [1, 3]] and d.groups("edp")[0] == [0, 4]
+    for axis in ("ep", "edp", "etp"):                    # every rank once per view
+        assert sorted(r for g in d.groups(axis) for r in g) == list(range(16))
+    assert "ep2 x etp2 x edp2" in str(d)
+    with pytest.raises(ValueError, match="ep=3 x etp=1 does not divide"):
+        Degrees.for_world(8, tp=2, ep=3)
+    with pytest.raises(ValueError, match="two views"):
+        d.groups("ep", "tp")

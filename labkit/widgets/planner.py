@@ -86,7 +86,8 @@ class PlannerCalculator(Calculator):
         }
         self.controls: dict[str, widgets.Widget] = c
         self._set_initial(initial)
-        self.result = widgets.HTML()
+        # as wide as the calculator: the verdict wraps, the wide table scrolls sideways
+        self.result = widgets.HTML(layout=widgets.Layout(width="100%"))
         self.rejections = widgets.HTML()
         self.ladder = widgets.HTML()
         self.published = widgets.HTML()           # the published layout against the best
@@ -188,7 +189,8 @@ class PlannerCalculator(Calculator):
                         + [f"{bd[part]:,.3f}" for part in PARTS]
                         + [f"{e.memory / GB:,.1f}", f"{e.tokens_per_second:,.0f}",
                            f"{100 * e.mfu:.1f}"])
-        return table_html(rows, header=HEADER)
+        return ('<div style="overflow-x:auto; max-width:100%">'
+                + table_html(rows, header=HEADER) + "</div>")
 
     def _published(self, kw) -> str:
         """The chosen published run's layout against this plan's best, or ""."""

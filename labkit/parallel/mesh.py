@@ -196,6 +196,13 @@ class Degrees:
             out.append(sorted(group))
         return out
 
+    def view(self, expert: bool = False) -> dict[str, list[list[int]]]:
+        """{axis: groups} for every axis of the dense layers (`AXES`) or, expert=True, of the
+        expert layers (`EXPERT_AXES`): two views of the same ranks, what
+        labkit.plots.mesh.mesh_figure draws."""
+        validate.choice("expert", expert, (False, True))
+        return {a: self.groups(a) for a in (EXPERT_AXES if expert else AXES)}
+
     def nodes_spanned(self, axis: str, gpus_per_node: int) -> int:
         """The most nodes any one `axis` group touches (1: the axis stays inside a node)."""
         return max(len({node_of(r, gpus_per_node) for r in g}) for g in self.groups(axis))

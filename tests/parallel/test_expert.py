@@ -177,3 +177,21 @@ def test_expert_groups_fold_as_megatron_lays_them_out():
         Degrees.for_world(8, tp=2, ep=3)
     with pytest.raises(ValueError, match="two views"):
         d.groups("ep", "tp")
+
+
+@pytest.mark.parametrize("world, kw", [(8, dict(tp=2, ep=4)), (16, dict(tp=2, pp=2, ep=2, etp=2))])
+def test_both_views_of_the_same_ranks_are_drawn(world, kw):
+    """The dense and the expert view partition the same ranks; mesh_figure draws each."""
+    from labkit.parallel.mesh import Degrees
+    from labkit.plots import png_bytes
+    from labkit.plots.mesh import mesh_figure
+
+    d = Degrees.for_world(world, **kw)
+    for expert in (False, True):
+        view = d.view(expert=expert)
+        for groups in view.values():
+            assert sorted(r for g in groups for r in g) == list(range(world))
+        fig = mesh_figure(view, gpus_per_node=8, title=str(d))
+        titles = [ax.get_title() for ax in fig.axes]
+        assert any(t.startswith("ep:") for t in titles) == expert
+        assert png_bytes(fig, dpi=30).startswith(b"\x89PNG")

@@ -17,6 +17,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from labkit.hardware import Link
 from labkit.models import _llama
 
 SWEEP_CSV = Path(__file__).resolve().parent / "data" / "usp_sweep_1b_8b.csv"
@@ -34,6 +35,9 @@ SWEEP_SETUP = dict(gpu="h100-sxm", gpus_per_node=8, seq_len=4096, precision="bf1
 # framework's breakdowns (pipeline or cross-node TP), not something a cost model prices: left
 # out of the rank correlations and ratios, and counted (`SweepMetrics.left_out`).
 BREAKDOWN = 10.0
+# Jean Zay (BLOOM's cluster): 4 x 100 Gb/s Omni-Path per node of 8 A100s
+OMNI_PATH = Link("Omni-Path, 4 x 100 Gb/s per node of 8 GPUs", 4 * 100e9 / 8 / 8,
+                 2 * 4 * 100e9 / 8 / 8, "4 x 100 Gb/s per node", 2e-6, "inter-node")
 
 
 @dataclass
@@ -201,15 +205,12 @@ class PublishedRun:
 def published_runs() -> dict[str, PublishedRun]:
     """The published runs labkit prices (tests/cost/test_planner.py compares them). Sources and
     what is assumed are in each `source`."""
-    from labkit.hardware import Link
     from labkit.models import BLOOM_176B, _megatron
     from labkit.planner import Layout
 
     # Megatron-LM as of 2021-22 (and Megatron-DeepSpeed): its GPT layer, attention scores
     # materialised (no FlashAttention yet): Korthikanti et al.'s accounting
     a100 = dict(gpu="a100-80gb", seq_len=2048, implementation="megatron")
-    omni_path = Link("Omni-Path, 4 x 100 Gb/s per node of 8 GPUs", 4 * 100e9 / 8 / 8,
-                     2 * 4 * 100e9 / 8 / 8, "4 x 100 Gb/s per node", 2e-6, "inter-node")
     narayanan = ("Narayanan et al. 2021 (Megatron-LM, SC21), A100 80GB, 8 HDR InfiniBand ports "
                  "per node, sequence 2,048, full recomputation; TFLOP/s by their eq. 3")
     return {
@@ -227,25 +228,38 @@ def published_runs() -> dict[str, PublishedRun]:
             narayanan + "; Table 1 (micro-batch not printed: 1 assumed)", "megatron-2021"),
         "mt-nlg 530b": PublishedRun(
             _megatron("mt-nlg-530b", 20480, 105, 128, vocab=50257),
-            Layout(tp=8, pp=35, dp=8, recompute="full"), dict(a100, global_batch=1920), 2240,
+            Layout(tp=8, pp=35, dp=8, recompute="full"),
+            dict(a100, global_batch=1920, framework="megatron-deepspeed"), 2240,
             126, "hardware",
             "Smith et al. 2022 (Megatron-Turing NLG 530B): 105 layers, hidden 20,480, 128 "
             "heads, sequence 2,048, batch 1,920, 280 DGX A100 nodes, TP 8 x PP 35 x DP 8, "
             "126 TFLOP/s per GPU, activation checkpointing (micro-batch 1 assumed)",
             "megatron-deepspeed-2022"),
+        "opt-175b": PublishedRun(
+            "gpt3-175b", Layout(tp=8, dp=124, sharding="fsdp", micro_batch=8, recompute="full"),
+            dict(a100, global_batch=992, precision="fp16-mixed", framework="metaseq"), 992, 147,
+            "hardware",
+            "Zhang et al. 2022 (OPT, §2.4): 992 A100 80GB, FairScale FSDP with Megatron-LM TP 8 "
+            "(metaseq), 'up to 147 TFLOP/s per GPU', fp16, batch 2M tokens (8 sequences per "
+            "GPU, no pipeline: 124 x 8 x 2,048 = 2.03M tokens, assumed), activation "
+            "checkpointing. The count is not printed: with the recomputed forward, as Megatron-LM "
+            "counts, assumed (the logbook planned 33 days for 300B tokens on 1,024 GPUs: ~115 "
+            "TFLOP/s without it, ~150 with it)", "metaseq-2021"),
         "llama 3 405b": PublishedRun(
             "llama3-405b", Layout(tp=8, pp=16, dp=128, sharding="fsdp", chunks=2,
                                   reshard_after_forward=False, sequence_parallel=True,
-                                  recompute="none"),
+                                  recompute="none", uneven=True),
             dict(gpu="h100-sxm", global_batch=2048, seq_len=8192), 16384, 400, "model",
             "Dubey et al. 2024 (The Llama 3 Herd of Models), §3.3.2 and Table 4: TP 8, CP 1, "
             "PP 16, DP 128, sequence 8,192, 16M tokens per batch, 400 TFLOP/s (41 % MFU), "
             "without activation checkpointing, FSDP not resharding after forward, interleaved "
-            "stages (V not printed: 2 assumed), production kernels"),
+            "stages with one layer fewer on the first and last (V not printed: 2 assumed), "
+            "production kernels"),
         "bloom 176b": PublishedRun(
             BLOOM_176B, Layout(tp=4, pp=12, dp=8, sharding="zero1", micro_batch=2,
                                recompute="full"),
-            dict(a100, global_batch=2048, inter_link=omni_path), 384, 150, "hardware",
+            dict(a100, global_batch=2048, inter_link=OMNI_PATH, grad_accum="fp32",
+                 framework="megatron-deepspeed"), 384, 150, "hardware",
             "BigScience 2022 (BLOOM-176B, tr11-176B-ml README): 384 A100 80GB, TP 4, PP 12, "
             "DP 8, ZeRO-1, micro-batch 2, batch 2,048, sequence 2,048, about 150 TFLOP/s; 4 "
             "Omni-Path 100 Gb/s links per node of 8 GPUs", "megatron-deepspeed-2022"),
@@ -289,6 +303,15 @@ def recipes() -> dict[str, Recipe]:
             "virtual_pipeline_parallelism=5, context_parallelism=2, sequence_parallelism=True, "
             "seq_length=8192, global_batch_size=512, micro_batch_size=1, distributed fused "
             "Adam (the optimizer states sharded over DP: zero1); CP at 8K tokens in practice"),
+        "nemo llama3.1-405b pretrain": Recipe(
+            "llama3-405b", Layout(tp=8, pp=9, chunks=2, cp=4, dp=2, sharding="zero1",
+                                  sequence_parallel=True),
+            dict(gpu="h100-sxm", global_batch=512, seq_len=8192),
+            "NVIDIA NeMo 2.0, nemo/collections/llm/recipes/llama31_405b.py (trainer): 72 nodes x "
+            "8 GPUs, tensor_parallelism=8, pipeline_parallelism=9, "
+            "virtual_pipeline_parallelism=2, context_parallelism=4, sequence_parallelism=True; "
+            "pretrain_recipe: seq_length=8192, global_batch_size=512, micro_batch_size=1, "
+            "distributed fused Adam (zero1): NVIDIA ships CP 4 at 8K tokens for the 405B"),
     }
 
 

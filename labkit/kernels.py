@@ -88,14 +88,25 @@ class Framework:
     """How a training framework runs a layer: its elementwise kernels ("fused" / "eager"), the
     host (CPU) seconds to launch one layer's forward and backward for one micro-batch, and the
     host seconds a pipeline stage waits per micro-batch and per TP rank when it runs both
-    (`pp_tp_wait`: a framework's own cost, 0 where none was measured)."""
+    (`pp_tp_wait`: a framework's own cost, 0 where none was measured). `blocking`: the
+    launches wait for their kernels (CUDA_LAUNCH_BLOCKING=1), so the host time adds to the
+    device time instead of running ahead of it. `fsdp_prefetch`: FSDP issues a layer's gather
+    before the layer runs (PyTorch FSDP's forward / backward prefetch, FSDP2); without it each
+    gather is waited for."""
 
     name: str
     kernels: str
     host_per_layer: float
     source: str
     pp_tp_wait: float = 0.0
+    blocking: bool = False
+    fsdp_prefetch: bool = True
 
+
+# Megatron-DeepSpeed's host seconds per layer and micro-batch with blocking launches: the
+# least-squares fit over BigScience's measured layouts (labkit.field_bloom.fit_host;
+# tests/cost/test_field_bloom.py checks that it still agrees with the data).
+MEGATRON_DEEPSPEED_HOST = 16.5e-3
 
 FRAMEWORKS = {
     "megatron": Framework(
@@ -112,6 +123,22 @@ FRAMEWORKS = {
         "tp 8: ~200 ms per micro-batch at micro-batch 1 to 8 alike; tokens/s falls in "
         "proportion to tp): nanotron's own cost, measured, not explained by the hardware",
         pp_tp_wait=25e-3),
+    "metaseq": Framework(
+        "metaseq (OPT): Megatron-LM's tensor-parallel layers under FairScale's FSDP", "fused",
+        0.4e-3,
+        "Megatron-LM's layers and host time (as 'megatron'); FairScale's FSDP (2021) gathers a "
+        "unit's parameters in that unit's own forward and pre-backward hooks and waits for them "
+        "(fairscale/nn/data_parallel/fully_sharded_data_parallel.py, _rebuild_full_params): no "
+        "prefetch, which PyTorch's FSDP added in 2022", fsdp_prefetch=False),
+    "megatron-deepspeed": Framework(
+        "Megatron-DeepSpeed as BLOOM ran it (DeepSpeed's pipeline engine, blocking launches)",
+        "fused", MEGATRON_DEEPSPEED_HOST,
+        "measured on BigScience's search for BLOOM's layout (labkit.field_bloom: 62 runs on "
+        "40-48 nodes of 8 A100s, TP 1-8, PP 1-48, micro-batch 1-8): the seconds per iteration "
+        "beyond labkit's device time grow as layers x micro-batches on a stage, "
+        "by a least-squares fit; the run set CUDA_LAUNCH_BLOCKING=1 (tr11-176B-ml.slurm: 'do "
+        "not remove or the training will hang'), which makes each launch wait for its kernel, "
+        "so the host time adds to the device time", blocking=True),
 }
 
 

@@ -162,7 +162,8 @@ def estimate_memory(model, batch_size=1, seq_len=None, precision="bf16-mixed",
                     sequence_parallel=False, recompute="none", microbatches=1,
                     schedule="1f1b", implementation=None, attention=None,
                     dropout=None, grad_accum="param", offload="none",
-                    largest_layer=None, device=None, fused_dropout=None) -> MemoryEstimate:
+                    largest_layer=None, device=None, fused_dropout=None,
+                    uneven=False) -> MemoryEstimate:
     """Training memory per GPU, reported for the worst pipeline stage.
 
     Model states (Rajbhandari et al. 2020, "ZeRO", §3.1 and Figure 1): mixed-precision Adam
@@ -208,6 +209,8 @@ def estimate_memory(model, batch_size=1, seq_len=None, precision="bf16-mixed",
     offload: "none", "optimizer" (ZeRO-Offload) or "params" (ZeRO-3 / FSDP2 CPU offload); the
         states kept on the host are in `.host`, not in `.total`. largest_layer: parameters of
         the unit ZeRO-3 gathers at once (weights + gradient counted); `labkit.placement`.
+    uneven: the first and last pipeline stages hold one transformer layer fewer, the embedding
+        and the output layer taking their slots (Llama 3; `labkit.placement.stage_layers`).
     """
     validate.choice("precision", precision, PRECISIONS + FP8_PRECISIONS)
     validate.choice("optimizer", optimizer, OPTIMIZERS)
@@ -242,7 +245,7 @@ def estimate_memory(model, batch_size=1, seq_len=None, precision="bf16-mixed",
         validate.divides("cp", cp, "seq_len", s)
         if sequence_parallel and tp > 1:
             validate.divides("tp", tp, "seq_len / cp", s // cp)
-        per_stage = stage_params(spec, tp, pp)
+        per_stage = stage_params(spec, tp, pp, uneven)
     implementation, attention, dropout = activations.resolve(implementation, attention, dropout,
                                                              spec, device)
     kernels = dict(device=device, fused_dropout=fused_dropout)
@@ -255,7 +258,7 @@ def estimate_memory(model, batch_size=1, seq_len=None, precision="bf16-mixed",
         if spec is not None:
             act = _stage_activations(spec, i, pp, b, s, cp, tp, sequence_parallel, recompute,
                                      m, schedule, activation_value_bytes(precision),
-                                     (implementation, attention, dropout), kernels)
+                                     (implementation, attention, dropout), kernels, uneven)
         stages.append((states, act, host))
     totals = [sum(st.values()) + act for st, act, _ in stages]
     worst = max(range(pp), key=lambda i: totals[i])
@@ -266,7 +269,8 @@ def estimate_memory(model, batch_size=1, seq_len=None, precision="bf16-mixed",
                   pp=pp, cp=cp, sequence_parallel=sequence_parallel, recompute=recompute,
                   microbatches=m, schedule=schedule, implementation=implementation,
                   attention=attention, dropout=dropout, grad_accum=grad_accum, offload=offload,
-                  largest_layer=largest_layer, device=device or "cuda", mask_bytes=mask)
+                  largest_layer=largest_layer, device=device or "cuda", mask_bytes=mask,
+                  uneven=bool(uneven))
     explain = _explain(per_stage[worst], worst, pp, tp, dp, zero_stage, (w_bytes, g_bytes,
                        o_bytes), precision, optimizer, spec, inputs)
     explain.update(describe_placement(explain, grad_accum, offload, gathered, host))
@@ -284,7 +288,8 @@ def in_flight(stage: int, pp: int, microbatches: int, schedule: str = "1f1b") ->
 
 
 def _stage_activations(spec, i, pp, b, s, cp, tp, sp, recompute, m, schedule,
-                       value_bytes=2, impl=("megatron", "eager", True), kernels=None) -> float:
+                       value_bytes=2, impl=("megatron", "eager", True), kernels=None,
+                       uneven=False) -> float:
     """Activation bytes of stage i: its layers x micro-batches in flight, plus what lies outside
     the layers (`labkit.activations.stage_extra_terms`: the embedding's dropout mask on the
     first stage, the final norm and the fp32 logits on the last; Korthikanti et al. 2022, §4.3).
@@ -302,7 +307,7 @@ def _stage_activations(spec, i, pp, b, s, cp, tp, sp, recompute, m, schedule,
         implementation, attention, a=spec.num_heads, kv=spec.num_kv_heads, q=spec.q_size,
         ffn=spec.ffn_size, recompute=recompute, kv_len=s, **shape).values())
     k = in_flight(i, pp, m, schedule)
-    act = _stage_layers(spec.num_layers, pp)[i] * per_layer
+    act = _stage_layers(spec.num_layers, pp, uneven)[i] * per_layer
     act += sum(activations.stage_extra_terms(implementation, i == 0, i == pp - 1,
                                              vocab=spec.vocab_size, **shape).values())
     return act * k

@@ -279,8 +279,10 @@ def _greedy_zero_bubble(p, m, f, b, w, c) -> PipelineResult:
 
 # ---- closed forms, and what they answer -----------------------------------------------------
 def check_shape(schedule, p, m, v, names=("stages", "microbatches", "chunks"),
-                 limits=(MAX_STAGES, MAX_MICROBATCHES)):
-    """(p, m, v) checked for `schedule` (m None: not given); messages use `names`."""
+                 limits=(MAX_STAGES, MAX_MICROBATCHES), divisible=True):
+    """(p, m, v) checked for `schedule` (m None: not given); messages use `names`.
+    divisible=False: interleaved 1F1B takes any m >= p (Megatron-Core since 2024 groups the
+    micro-batches and lets the last group be short), not only multiples of p."""
     validate.choice("schedule", schedule, SCHEDULES)
     p = validate.positive_int(names[0], p, limits[0])
     m = None if m is None else validate.positive_int(names[1], m, limits[1])
@@ -288,7 +290,10 @@ def check_shape(schedule, p, m, v, names=("stages", "microbatches", "chunks"),
     if schedule != "interleaved-1f1b" and v != 1:
         raise ValueError(f"{names[2]}={v} needs schedule='interleaved-1f1b'; allowed for "
                          f"{schedule!r}: 1")
-    if schedule == "interleaved-1f1b" and m is not None and m % p:
+    if schedule == "interleaved-1f1b" and m is not None and not divisible and m < p:
+        raise ValueError(f"{names[1]}={m} is fewer than {names[0]}={p}: interleaved-1f1b needs "
+                         f"at least one micro-batch per stage; allowed: {p} or more")
+    if schedule == "interleaved-1f1b" and m is not None and divisible and m % p:
         raise ValueError(f"{names[1]}={m} must be a multiple of {names[0]}={p} for "
                          "interleaved-1f1b (as in Megatron-LM); allowed: "
                          + ", ".join(str(p * k) for k in range(1, 5)) + ", ...")
@@ -309,7 +314,7 @@ def _units(schedule, p, m, v) -> tuple[int, int]:
     return p - 1, m
 
 
-def bubble_formula(schedule, p, m, v=1) -> tuple[float, float]:
+def bubble_formula(schedule, p, m, v=1, divisible=True) -> tuple[float, float]:
     """(idle share of the step, bubble relative to the ideal time) in closed form, with equal
     times on every stage and free sends (p2p = 0), as `simulate` reproduces:
     - "gpipe" (Huang et al. 2019) and "1f1b" (Narayanan et al. 2021, §2.2): the same bubble,
@@ -319,8 +324,9 @@ def bubble_formula(schedule, p, m, v=1) -> tuple[float, float]:
     - "zero-bubble" (ZB-H1, Qi et al. 2024, §3.1) at T_F = T_B = T_W and m >= p:
       (p - 1)/(3 m) relative, (p - 1)/(3 m + p - 1) of the step, a third of 1F1B's at the same
       f + b + w. With m < p the last weight gradients cannot fill the gaps: the step takes
-      2 (m + p - 1) + 1 units, (2 p - 1 - m)/(3 m) relative."""
-    p, m, v = check_shape(schedule, p, m, v, FORMULA_NAMES, FORMULA_LIMITS)
+      2 (m + p - 1) + 1 units, (2 p - 1 - m)/(3 m) relative.
+    divisible=False: interleaved with any m >= p (`check_shape`), the same closed form."""
+    p, m, v = check_shape(schedule, p, m, v, FORMULA_NAMES, FORMULA_LIMITS, divisible)
     bubble, work = _units(schedule, p, m, v)
     return bubble / (work + bubble), bubble / work
 
@@ -354,15 +360,15 @@ def min_microbatches(p, target, schedule="1f1b", v=1, relative=False) -> int:
     return m
 
 
-def activation_in_flight(schedule, p, m, v=1) -> list[float]:
+def activation_in_flight(schedule, p, m, v=1, divisible=True) -> list[float]:
     """Micro-batches whose activations each stage holds at its peak (what `simulate` counts):
     GPipe all m; 1F1B and zero-bubble (ZB-H1 keeps 1F1B's bound) min(p - i, m) on stage i;
     interleaved 1F1B, in micro-batches of the whole stage (chunks / v), Megatron-LM's warm-up of
     2 (p - i - 1) + (v - 1) p chunk forwards plus one, at most m v; at m = p all m v (labkit
-    follows pre-2024 Megatron-LM there, see `_order`)."""
+    follows pre-2024 Megatron-LM there, see `_order`). divisible: as `bubble_formula`."""
     from labkit.memory import in_flight
 
-    p, m, v = check_shape(schedule, p, m, v, FORMULA_NAMES, FORMULA_LIMITS)
+    p, m, v = check_shape(schedule, p, m, v, FORMULA_NAMES, FORMULA_LIMITS, divisible)
     if schedule == "interleaved-1f1b":
         total = m * v
         return [(total if m == p else min(2 * (p - i - 1) + (v - 1) * p + 1, total)) / v

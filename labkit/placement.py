@@ -58,12 +58,23 @@ def state_bytes(precision: str = "bf16-mixed", optimizer: str = "adamw",
     return weight, sum(gradient_bytes(weight, grad_accum)), master + moments
 
 
-def _stage_layers(num_layers: int, pp: int) -> list[int]:
-    # As even as possible; the first L % pp stages take one more layer.
-    return [num_layers // pp + (1 if i < num_layers % pp else 0) for i in range(pp)]
+def _stage_layers(num_layers: int, pp: int, uneven: bool = False) -> list[int]:
+    # As even as possible; the first L % pp stages take one more layer. uneven: the embedding
+    # and the output layer each take one layer's slot, on the first and the last stage (Llama 3
+    # 405B: one transformer layer fewer there; Megatron-LM's --account-for-embedding-in-
+    # pipeline-split and --account-for-loss-in-pipeline-split).
+    if not uneven or pp == 1:
+        return [num_layers // pp + (1 if i < num_layers % pp else 0) for i in range(pp)]
+    out = _stage_layers(num_layers + 2, pp)
+    out[0] -= 1
+    out[-1] -= 1
+    return out
 
 
-def stage_params(spec: ModelSpec, tp: int, pp: int) -> list[float]:
+stage_layers = _stage_layers
+
+
+def stage_params(spec: ModelSpec, tp: int, pp: int, uneven: bool = False) -> list[float]:
     """Parameters held by one GPU of each pipeline stage (one tensor-parallel rank).
 
     Weight matrices and column-parallel biases are split over tp; norms and row-parallel biases
@@ -71,14 +82,15 @@ def stage_params(spec: ModelSpec, tp: int, pp: int) -> list[float]:
     over the vocabulary (vocab-parallel; Megatron pads the vocabulary, ignored here). The first
     stage holds the embeddings, the last the final norm and the head; with tied embeddings and
     pp > 1 the last stage keeps its own copy of the shared matrix (Megatron-LM does this and
-    all-reduces the two copies' gradients), with pp = 1 the one tensor serves both.
+    all-reduces the two copies' gradients), with pp = 1 the one tensor serves both. uneven:
+    one transformer layer fewer on the first and last stages (`_stage_layers`).
     """
     parts = spec.layer_parts()
     per_layer = (parts["attention_sharded"] + parts["mlp_sharded"]) / tp + parts["replicated"]
     vh = spec.vocab_size * spec.hidden_size
     embed = vh / tp + (spec.max_seq_len * spec.hidden_size if spec.learned_positions else 0)
     head = vh / tp if (not spec.tied_embeddings or pp > 1) else 0.0
-    out = [n * per_layer for n in _stage_layers(spec.num_layers, pp)]
+    out = [n * per_layer for n in _stage_layers(spec.num_layers, pp, uneven)]
     out[0] += embed
     out[-1] += spec.final_norm_params() + head
     return out

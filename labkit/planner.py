@@ -45,13 +45,17 @@ FRAGMENTATION = 0.05
 CP_PREMIUM = 0.01
 # What a framework offered when a published run was made: `plan(..., **ERAS[name])` searches
 # only that. Megatron-LM 2021 (Narayanan et al.): full recompute, no sequence parallelism (2022),
-# no CP, no sharded optimizer (ZeRO-1 came to Megatron-LM in 2022); Megatron-DeepSpeed 2022
-# (BLOOM, MT-NLG): ZeRO-1 as well.
+# no CP, no sharded optimizer (ZeRO-1 came to Megatron-LM in 2022); metaseq 2021 (OPT): TP
+# and FairScale's FSDP, no pipeline; Megatron-DeepSpeed 2022 (BLOOM, MT-NLG): ZeRO-1 as well,
+# and DeepSpeed's pipeline engine, which does not interleave.
 ERAS = {
     "megatron-2021": dict(recompute=("full",), sequence_parallel=(False,), sharding=("ddp",),
                           min_cp_tokens=validate.MAX_SEQ_LEN),
+    "metaseq-2021": dict(recompute=("full",), sequence_parallel=(False,), sharding=("fsdp",),
+                         min_cp_tokens=validate.MAX_SEQ_LEN, max_pp=1),
     "megatron-deepspeed-2022": dict(recompute=("full",), sequence_parallel=(False,),
-                                    sharding=("ddp", "zero1"), min_cp_tokens=validate.MAX_SEQ_LEN),
+                                    sharding=("ddp", "zero1"), min_cp_tokens=validate.MAX_SEQ_LEN,
+                                    max_chunks=1),
 }
 
 
@@ -82,6 +86,7 @@ class Layout:
     sequence_parallel: bool = False
     chunks: int = 1                 # model chunks per stage (interleaved 1F1B)
     reshard_after_forward: bool = True      # FSDP: False keeps each unit gathered until backward
+    uneven: bool = False            # first / last stage: one layer fewer (embedding, output)
 
     @property
     def gpus(self) -> int:
@@ -91,6 +96,7 @@ class Layout:
         sp = "+sp" if self.sequence_parallel else ""
         v = f" v={self.chunks}" if self.chunks > 1 else ""
         keep = " no-reshard" if self.sharding == "fsdp" and not self.reshard_after_forward else ""
+        v += " uneven" if self.uneven and self.pp > 1 else ""
         return (f"tp={self.tp}{sp} pp={self.pp}{v} dp={self.dp} cp={self.cp} {self.sharding}"
                 f"{keep} b={self.micro_batch} recompute={self.recompute}")
 
@@ -277,7 +283,8 @@ _LAYOUT_KEYS = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "b": "micro_batc
 
 def parse_layout(text: str) -> Layout:
     """A Layout from its text: "tp=8 pp=16 dp=128 cp=1 fsdp b=1 recompute=full", with "+sp"
-    after tp (or "sp") for sequence parallelism and "v=2" for interleaved chunks; the form
+    after tp (or "sp") for sequence parallelism, "v=2" for interleaved chunks and "uneven" for
+    one layer fewer on the first and last stages; the form
     `str(Layout)` prints. Unknown words are a ValueError naming them and what is allowed."""
     if not isinstance(text, str) or not text.split():
         raise ValueError(f"layout={text!r} must be text such as 'tp=8 pp=16 dp=128 fsdp'")
@@ -288,6 +295,8 @@ def parse_layout(text: str) -> Layout:
             kw["sharding"] = word
         elif word == "no-reshard":
             kw["sharding"], kw["reshard_after_forward"] = "fsdp", False
+        elif word == "uneven":
+            kw["uneven"] = True
         elif word in ("sp", "+sp", "sequence_parallel"):
             kw["sequence_parallel"] = True
         elif key in _LAYOUT_KEYS and value:
@@ -301,7 +310,7 @@ def parse_layout(text: str) -> Layout:
         else:
             raise ValueError(f"layout: {word!r} is not understood; allowed: tp=, pp=, dp=, cp=, "
                              f"b=, v=, recompute=, a sharding ({', '.join(SHARDING)}), "
-                             "no-reshard (FSDP), sp")
+                             "no-reshard (FSDP), sp, uneven (pipeline)")
     return _check_layout(Layout(**kw))
 
 
@@ -384,25 +393,29 @@ def degree_problem(spec, lay: Layout, gpus_per_node: int, seq_len: int,
     return None
 
 
-def _price(pricer, lay: Layout, inputs) -> tuple[Estimate | None, str | None]:
+def _price(pricer, lay: Layout, inputs, time_rejected=True) -> tuple[Estimate | None, str | None]:
+    """(Estimate, None), or (Estimate or None, why not); time_rejected=False: a layout over
+    the memory is not timed (plan's search, which keeps only the reason)."""
     B = inputs["global_batch"]
     if B % (lay.dp * lay.micro_batch):
         return None, (f"batch: global_batch={B:,} is not divisible by dp x micro-batch = "
                       f"{lay.dp} x {lay.micro_batch}")
     m = B // (lay.dp * lay.micro_batch)
-    if lay.chunks > 1 and m % lay.pp:
-        return None, (f"batch: interleaved 1F1B needs micro-batches m={m} a multiple of "
-                      f"pp={lay.pp}")
+    if lay.chunks > 1 and m < lay.pp:
+        return None, (f"batch: interleaved 1F1B needs at least pp={lay.pp} micro-batches; "
+                      f"m={m}")
     mem = pricer.memory(lay, m)
+    why = None if mem <= inputs["usable"] else (
+        f"memory: needs {mem / GB:,.1f} GB per GPU, more than the "
+        f"{inputs['usable'] / GB:,.1f} GB usable of the "
+        f"{inputs['capacity'] / GB:,.0f} GB of the {inputs['gpu']}")
+    if why and not time_rejected:
+        return None, why
     est = Estimate(lay, m, mem, inputs["capacity"], pricer.time(lay, m), inputs["usable"],
-                   {a: pricer.link(lay, a).name for a in ("tp", "cp", "dp", "pp")},
+                   {a: link.name for a, link in pricer.links(lay).items()},
                    B * inputs["seq_len"], pricer.flops("none", hardware=False),
                    pricer.flops(lay.recompute), pricer.peak)
-    if not est.fits:              # priced anyway: `evaluate` shows what it would give
-        return est, (f"memory: needs {mem / GB:,.1f} GB per GPU, more than the "
-                     f"{inputs['usable'] / GB:,.1f} GB usable of the "
-                     f"{inputs['capacity'] / GB:,.0f} GB of the {inputs['gpu']}")
-    return est, None
+    return est, why               # over the memory, priced anyway: `evaluate` shows it
 
 
 def _check_layout(lay: Layout) -> Layout:
@@ -414,6 +427,7 @@ def _check_layout(lay: Layout) -> Layout:
     validate.choice("layout.recompute", lay.recompute, RECOMPUTE)
     validate.choice("layout.sequence_parallel", lay.sequence_parallel, (False, True))
     validate.choice("layout.reshard_after_forward", lay.reshard_after_forward, (False, True))
+    validate.choice("layout.uneven", lay.uneven, (False, True))
     return lay
 
 
@@ -445,7 +459,7 @@ def plan(model, gpus, gpu="h100-sxm", gpus_per_node=8, global_batch=None, seq_le
          max_microbatch=8, schedule="1f1b", grad_accum="param", min_cp_tokens=1024,
          implementation=None, attention=None, framework="megatron", reserved=None,
          fragmentation=None, max_chunks=4, recompute=RECOMPUTE,
-         sequence_parallel=(False, True), sharding=tuple(SHARDING)) -> Plan:
+         sequence_parallel=(False, True), sharding=tuple(SHARDING), max_pp=None) -> Plan:
     """Every layout of `model` on `gpus` GPUs (`Layout`), ranked by step time.
 
     gpu: a key of `labkit.hardware.GPUS`; gpus_per_node: GPUs one intra-node link joins;
@@ -457,7 +471,8 @@ def plan(model, gpus, gpu="h100-sxm", gpus_per_node=8, global_batch=None, seq_le
     context-parallel rank keeps (seq_len: no CP); max_chunks: interleaved model chunks per
     stage tried (1, 2, 4, ...); recompute / sequence_parallel: the modes tried (e.g.
     recompute=("full",), sequence_parallel=(False,), sharding=("ddp",) searches what
-    Megatron-LM offered in 2021; `ERAS`);
+    Megatron-LM offered in 2021; `ERAS`); max_pp: the most pipeline stages tried (default any;
+    1 for a framework without pipelining);
     framework: whose kernels and host costs (`labkit.kernels.FRAMEWORKS`, default "megatron");
     reserved / fragmentation: the headroom (`usable_memory`). Ranked by `rank_key`: step time,
     CP layouts charged CP_PREMIUM.
@@ -474,6 +489,8 @@ def plan(model, gpus, gpu="h100-sxm", gpus_per_node=8, global_batch=None, seq_le
                                   grad_accum, implementation, attention, framework, reserved,
                                   fragmentation)
     top_v = validate.positive_int("max_chunks", max_chunks, validate.MAX_LAYERS)
+    top_pp = (validate.MAX_LAYERS if max_pp is None
+              else validate.positive_int("max_pp", max_pp, validate.MAX_LAYERS))
     modes = _subset("recompute", recompute, RECOMPUTE)
     sps = _subset("sequence_parallel", sequence_parallel, (False, True))
     shards = _subset("sharding", sharding, tuple(SHARDING))
@@ -489,6 +506,8 @@ def plan(model, gpus, gpu="h100-sxm", gpus_per_node=8, global_batch=None, seq_le
         reserved=reserved, fragmentation=fragmentation)))
     for tp in validate.divisors(n):
         for pp in validate.divisors(n // tp):
+            if pp > top_pp:
+                continue
             for cp in validate.divisors(n // (tp * pp)):
                 dp = n // (tp * pp * cp)
                 base = Layout(tp=tp, pp=pp, dp=dp, cp=cp)
@@ -528,7 +547,8 @@ def _subset(name, values, allowed) -> tuple:
 def _levers(pricer, base, sizes, inputs, out, spec, top_v, modes=RECOMPUTE,
             allowed_sp=(False, True), shards=tuple(SHARDING)) -> None:
     """Price every sharding (FSDP with and without resharding after forward), interleaving
-    (chunks v = 1, 2, 4, ... up to top_v with pp x v <= num_layers), sequence parallelism,
+    (chunks v = 1, 2, 4, ... up to top_v with pp x v <= num_layers), even stages and, where
+    pp divides num_layers + 2, uneven ones, sequence parallelism,
     recompute and micro-batch size of `base`."""
     shardings = ([(s, True) for s in shards] + [("fsdp", False)] * ("fsdp" in shards)
                  if base.dp * base.cp > 1 else [("ddp", True)])
@@ -536,11 +556,14 @@ def _levers(pricer, base, sizes, inputs, out, spec, top_v, modes=RECOMPUTE,
               if base.pp * v <= spec.num_layers] if base.pp > 1 else [1]
     sps = [sp for sp in allowed_sp
            if not sp or (base.tp > 1 and (inputs["seq_len"] // base.cp) % base.tp == 0)]
-    for (sharding, reshard), v, sp, rc, b in itertools.product(shardings, chunks, sps,
-                                                                 modes, sizes):
+    # uneven stages where they make every slot equal: (layers + 2) % pp == 0 (Llama 3's 126 + 2
+    # on 16 stages; BigScience's "Layers+2 % PP = 0" for BLOOM's 70 on 12)
+    unevens = (False, True) if base.pp > 1 and (spec.num_layers + 2) % base.pp == 0 else (False,)
+    for (sharding, reshard), v, u, sp, rc, b in itertools.product(shardings, chunks, unevens,
+                                                                    sps, modes, sizes):
         lay = replace(base, sharding=sharding, reshard_after_forward=reshard, chunks=v,
-                      sequence_parallel=sp, recompute=rc, micro_batch=b)
-        est, why = _price(pricer, lay, inputs)
+                      uneven=u, sequence_parallel=sp, recompute=rc, micro_batch=b)
+        est, why = _price(pricer, lay, inputs, time_rejected=False)
         if why:
             out.rejected.append(Rejection(lay, why))
         else:

@@ -10,6 +10,7 @@ the overlap assumptions it states.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 import math
 
 from labkit.comm import _TREE_OPS as TREE_OPS, collective_time, step_communication
@@ -19,7 +20,7 @@ from labkit.kernels import (FRAMEWORKS, LOSS_PEAK_BYTES, head_seconds, layer_sec
                             optimizer_seconds)
 from labkit.memory import activation_value_bytes, estimate_memory, state_bytes
 from labkit.pipeline import activation_in_flight, bubble_formula
-from labkit.placement import stage_params
+from labkit.placement import stage_layers, stage_params
 from labkit.precision import gradient_bytes
 
 # sharding -> (ZeRO stage for estimate_memory, strategy for step_communication)
@@ -60,26 +61,26 @@ class Pricer:
     def _per_stage(self, **kw) -> list[float]:
         return estimate_memory(self.spec, schedule="gpipe", **self.mem_kw, **kw).per_stage
 
-    def activations(self, tp, pp, cp, sp, recompute) -> list[float]:
+    def activations(self, tp, pp, cp, sp, recompute, uneven=False) -> list[float]:
         """Bytes per stage of one micro-batch of one sequence (b = 1): one estimate (m = 1)
         less the model states of the same tp and pp without sharding."""
         def make():
             one = self._per_stage(microbatches=1, tp=tp, pp=pp, cp=cp, sequence_parallel=sp,
-                                  recompute=recompute)
-            return [t - st for t, st in zip(one, self.states(tp, pp, "ddp", 1))]
-        return self._memo(("act", tp, pp, cp, sp, recompute), make)
+                                  recompute=recompute, uneven=uneven)
+            return [t - st for t, st in zip(one, self.states(tp, pp, "ddp", 1, uneven))]
+        return self._memo(("act", tp, pp, cp, sp, recompute, uneven), make)
 
-    def states(self, tp, pp, sharding, group) -> list[float]:
+    def states(self, tp, pp, sharding, group, uneven=False) -> list[float]:
         """Model-state bytes per stage (plus FSDP's gathered unit) of one GPU: GPipe estimates
         at m = 1 and m = 2 differ by one micro-batch's activations; the rest is the states."""
         def make():
             zero = SHARDING[sharding][0]
             kw = dict(tp=tp, pp=pp, cp=1, recompute="full", sequence_parallel=False,
                       zero_stage=zero, dp=group,
-                      largest_layer=self.unit_params(tp) if zero == 3 else None)
+                      largest_layer=self.unit_params(tp) if zero == 3 else None, uneven=uneven)
             one, two = (self._per_stage(microbatches=k, **kw) for k in (1, 2))
             return [2 * a - b for a, b in zip(one, two)]
-        return self._memo(("states", tp, pp, sharding, group), make)
+        return self._memo(("states", tp, pp, sharding, group, uneven), make)
 
     def unit_params(self, tp) -> float:
         """Parameters of the unit FSDP gathers at once on one TP rank: one transformer layer."""
@@ -103,17 +104,18 @@ class Pricer:
         `labkit.pipeline.activation_in_flight` (1F1B, GPipe or interleaved).
         tests/cost/test_planner.py checks the composition against estimate_memory on random
         layouts."""
-        states = self.states(lay.tp, lay.pp, lay.sharding, lay.dp * lay.cp)
-        act = self.activations(lay.tp, lay.pp, lay.cp, lay.sequence_parallel, lay.recompute)
+        states = self.states(lay.tp, lay.pp, lay.sharding, lay.dp * lay.cp, lay.uneven)
+        act = self.activations(lay.tp, lay.pp, lay.cp, lay.sequence_parallel, lay.recompute,
+                               lay.uneven)
         held = self._memo(("held", self.schedule_of(lay), lay.pp, m, lay.chunks),
                           lambda: activation_in_flight(self.schedule_of(lay), lay.pp, m,
-                                                       lay.chunks))
+                                                       lay.chunks, divisible=False))
         gathered = [0.0] * lay.pp
         if lay.sharding == "fsdp" and not lay.reshard_after_forward and transient:
             # every unit stays gathered from its forward to its backward
             group = lay.dp * lay.cp
             gathered = [self.bytes["param_bytes"] * n * (1 - 1 / group)
-                        for n in self.stage_params(lay.tp, lay.pp)]
+                        for n in self.stage_params(lay.tp, lay.pp, lay.uneven)]
         # the loss's transient peak on the last stage (`labkit.kernels.LOSS_PEAK_BYTES`), and
         # FSDP's gathered units without resharding: not what estimate_memory counts
         gathered[-1] += transient * (lay.micro_batch * self.s / lay.cp * self.spec.vocab_size / lay.tp
@@ -127,10 +129,18 @@ class Pricer:
     # ---- time --------------------------------------------------------------------------------
     def link(self, lay, axis):
         """The link an axis's groups use: intra-node while its ranks lie in one node."""
-        span = 1
-        for a in AXES[:AXES.index(axis) + 1]:
-            span *= getattr(lay, a)
-        return self.intra if span <= self.gpn else self.inter
+        return self.links(lay)[axis]
+
+    def links(self, lay) -> dict:
+        """Every axis's link (`link`), for this layout's degrees."""
+        key = ("links", lay.tp, lay.cp, lay.dp, lay.pp)
+        if key not in self._cache:
+            out, span = {}, 1
+            for a in AXES:
+                span *= getattr(lay, a)
+                out[a] = self.intra if span <= self.gpn else self.inter
+            self._cache[key] = out
+        return self._cache[key]
 
     @staticmethod
     def _seconds(comm, link) -> float:
@@ -176,7 +186,8 @@ class Pricer:
         """Seconds per step, by part (`PARTS`): compute, host, tp, cp, pp, dp, optimizer, bubble.
 
         One micro-batch on the slowest pipeline stage (layers split as evenly as possible, the
-        last stage holding the fewest plus the output layer and the loss):
+        last stage holding the fewest plus the output layer and the loss; `lay.uneven`: the
+        first and last one layer fewer, `labkit.placement.stage_layers`):
         - compute: its kernels (`labkit.kernels.layer_seconds` / `head_seconds`: matmuls on a
           roofline with a measured ceiling, `mfu` if given, FlashAttention, elementwise work at
           HBM bandwidth; recompute's extra forward included).
@@ -185,7 +196,8 @@ class Pricer:
           the attention of the blocks already received: exposed = max(0, passes - attention x
           (cp - 1) / cp).
         - host: the framework's launch time per layer (`labkit.kernels.FRAMEWORKS`); a
-          micro-batch takes max(device, host): the part of the host time not covered.
+          micro-batch takes max(device, host): the part of the host time not covered (all of
+          it where the framework's launches block: device + host).
         Times m micro-batches. Then
         - pp: the point-to-point sends of every micro-batch (on the critical path);
         - bubble: `labkit.pipeline.bubble_formula` (relative to the ideal) x m x one
@@ -201,16 +213,17 @@ class Pricer:
         spec = self.spec
         layer, head = self.kernels(lay)
         L, pp = spec.num_layers, lay.pp
-        full, last = math.ceil(L / pp), L // pp
-        stage = max(full * layer.device, last * layer.device + head.device) if pp > 1 else \
-            L * layer.device + head.device
+        full, others, last = self._memo(("layers", pp, lay.uneven), lambda: (
+            lambda n: (max(n), max(n[:-1] or [0]), n[-1]))(stage_layers(L, pp, lay.uneven)))
+        stage = max(others * layer.device, last * layer.device + head.device)
         tp = self._axis("tp", lay, self.link(lay, "tp"))
         cp = max(0.0, self._axis("cp", lay, self.link(lay, "cp"))
                  - full * layer.attention * (lay.cp - 1) / lay.cp)
         device = stage + tp + cp
-        wait = (FRAMEWORKS[self.framework].pp_tp_wait * lay.tp
-                if lay.pp > 1 and lay.tp > 1 else 0.0)
-        host = max(0.0, full * layer.host + wait - device)
+        fw = FRAMEWORKS[self.framework]
+        wait = fw.pp_tp_wait * lay.tp if lay.pp > 1 and lay.tp > 1 else 0.0
+        host = full * layer.host + wait
+        host = host if fw.blocking else max(0.0, host - device)
         out = {"compute": m * stage, "host": m * host, "tp": m * tp, "cp": m * cp}
         out["pp"] = m * self._axis("pp", lay, self.link(lay, "pp"), chunks=lay.chunks)
         strategy = SHARDING[lay.sharding][1]
@@ -220,25 +233,36 @@ class Pricer:
         # and one reduce-scatter per step (torchtitan's pipeline schedules with FSDP: no
         # reshard after backward and gradient sync on the last micro-batch only, as Llama 3)
         per_step = 1 if strategy == "fsdp" and not reshard else m
-        dp = self._memo(("dp", strategy, reshard, lay.tp, lay.pp, lay.dp * lay.cp, per_step,
-                         dp_link.name),
-                        lambda: self._seconds(step_communication(
-                            strategy, spec, dp=lay.dp * lay.cp, tp=lay.tp, pp=lay.pp,
-                            microbatches=per_step, param_bytes=self.bytes["param_bytes"],
-                            grad_bytes=self.bytes["grad_bytes"],
-                            **({} if strategy != "fsdp" else
-                               {"reshard_after_forward": reshard})), dp_link))
+        key = ("dp", strategy, reshard, lay.tp, lay.pp, lay.dp * lay.cp, per_step)
+        comm = self._memo(key, lambda: step_communication(
+                              strategy, spec, dp=lay.dp * lay.cp, tp=lay.tp, pp=lay.pp,
+                              microbatches=per_step, param_bytes=self.bytes["param_bytes"],
+                              grad_bytes=self.bytes["grad_bytes"],
+                              **({} if strategy != "fsdp" else
+                                 {"reshard_after_forward": reshard})))
         backward = 2 / 3 * out["compute"]
-        window = {"ddp": backward / m, "zero1": backward / m, "zero2": backward,
-                  "fsdp": out["compute"]}[lay.sharding]
-        out["dp"] = max(0.0, dp - window)
-        held = max(self.stage_params(lay.tp, lay.pp))
+        if lay.sharding == "fsdp" and not fw.fsdp_prefetch:
+            # no prefetch: each gather starts when its layer needs it and the layer waits;
+            # only the reduce-scatters run behind the rest of the backward
+            gathers = self._memo(key + ("gathers", dp_link.name), lambda: self._seconds(
+                replace(comm, collectives=[c for c in comm.collectives
+                                           if c.op == "all_gather"]), dp_link))
+            rest = self._memo(key + (dp_link.name,), lambda: self._seconds(comm, dp_link))
+            out["dp"] = gathers + max(0.0, rest - gathers - backward)
+        else:
+            dp = self._memo(key + (dp_link.name,), lambda: self._seconds(comm, dp_link))
+            window = {"ddp": backward / m, "zero1": backward / m, "zero2": backward,
+                      "fsdp": out["compute"]}[lay.sharding]
+            out["dp"] = max(0.0, dp - window)
+        held = max(self.stage_params(lay.tp, lay.pp, lay.uneven))
         out["optimizer"] = optimizer_seconds(
             held / (1 if lay.sharding == "ddp" else lay.dp * lay.cp), self.gpu)
-        relative = (bubble_formula(self.schedule_of(lay), lay.pp, m, lay.chunks)[1]
+        relative = (bubble_formula(self.schedule_of(lay), lay.pp, m, lay.chunks,
+                                   divisible=False)[1]
                     if lay.pp > 1 else 0.0)
         out["bubble"] = relative * (out["compute"] + out["host"] + out["tp"] + out["cp"])
         return out
 
-    def stage_params(self, tp, pp) -> list[float]:
-        return self._memo(("params", tp, pp), lambda: stage_params(self.spec, tp, pp))
+    def stage_params(self, tp, pp, uneven=False) -> list[float]:
+        return self._memo(("params", tp, pp, uneven),
+                          lambda: stage_params(self.spec, tp, pp, uneven))

@@ -1,6 +1,7 @@
 """The planner against a measured sweep: how its predictions rank and size what was measured.
 
-    labkit bench field                        # the Ultra-Scale Playbook's 1B / 8B sweep
+    labkit bench field                        # the Ultra-Scale Playbook's 1B / 8B sweep,
+                                              # BigScience's layout search, published runs
     labkit bench field -- --mfu 0.4           # with another matmul efficiency
 
 Prices every configuration of labkit/data/usp_sweep_1b_8b.csv as it ran (labkit.field) and
@@ -8,6 +9,8 @@ prints the rank correlation of predicted vs measured tokens/s per GPU within eac
 nodes) group, how often the predicted fit agrees with ran/crashed, and the median ratio of
 predicted to measured throughput. Issue 31's reach: median Spearman >= 0.7 with >= 80 % of
 groups >= 0.5, fits agreement >= 85 %, median ratio in 0.8-1.25 with >= 50 % within 25 %.
+Then BigScience's search for BLOOM's layout (labkit.field_bloom: seconds per iteration,
+predicted / measured) and the published runs (predicted / reported TFLOP/s per GPU).
 """
 from __future__ import annotations
 
@@ -23,11 +26,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv or [])
     if args.mfu is not None and not 0 < args.mfu <= 1:
         parser.error(f"--mfu={args.mfu:g} must be in (0, 1]")
-    from labkit import field
+    from labkit import field, field_bloom
 
+    kw = {} if args.mfu is None else {"mfu": args.mfu}
     start = time.perf_counter()
-    rows = field.price_sweep(**({} if args.mfu is None else {"mfu": args.mfu}))
+    rows = field.price_sweep(**kw)
     metrics = field.sweep_metrics(rows)
     print(metrics.text())
     print(f"priced in {time.perf_counter() - start:.2f} s")
+    print(field_bloom.bloom_metrics(field_bloom.price_bloom(**kw)).text())
+    print(f"Megatron-DeepSpeed host time per layer and micro-batch, fitted: "
+          f"{field_bloom.fit_host() * 1e3:.1f} ms")
+    for name, (run, e, ratio) in field.price_published(**kw).items():
+        print(f"  {name:<22} {run.layout}: predicted / reported {ratio:.2f}, "
+              f"{e.memory / 1e9:.1f} GB")
     return 0

@@ -215,8 +215,8 @@ class Plan:
         return text
 
     def table(self, top: int = 10) -> str:
-        """The `top` fastest layouts with their step-time breakdown."""
-        head = (f"{'#':>3} {'tp':>3} {'sp':>2} {'pp':>3} {'v':>2} {'dp':>5} {'cp':>3} "
+        """The `top` fastest layouts with their step-time breakdown ("8u": 8 uneven stages)."""
+        head = (f"{'#':>3} {'tp':>3} {'sp':>2} {'pp':>4} {'v':>2} {'dp':>5} {'cp':>3} "
                 f"{'sharding':>8} {'b':>2} {'m':>4} {'recompute':>9} {'GB':>6} {'step s':>8} "
                 + " ".join(f"{p[:7]:>7}" for p in PARTS)
                 + f" {'tok/s':>10} {'TF/GPU':>6} {'MFU%':>5}")
@@ -224,7 +224,8 @@ class Plan:
         for k, e in enumerate(self.ranked[:top], 1):
             lay, bd = e.layout, e.breakdown
             lines.append(
-                f"{k:>3} {lay.tp:>3} {'y' if lay.sequence_parallel else '-':>2} {lay.pp:>3} "
+                f"{k:>3} {lay.tp:>3} {'y' if lay.sequence_parallel else '-':>2} "
+                f"{str(lay.pp) + ('u' if lay.uneven and lay.pp > 1 else ''):>4} "
                 f"{lay.chunks:>2} {lay.dp:>5} {lay.cp:>3} {_sharding(lay):>8} "
                 f"{lay.micro_batch:>2} {e.microbatches:>4} {lay.recompute:>9} "
                 f"{e.memory / GB:>6.1f} {e.step_time:>8.3f} "

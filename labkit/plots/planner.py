@@ -104,3 +104,28 @@ def field_figure(rows, title: str = ""):
     ax.legend(fontsize=7, frameon=False, loc="upper left")
     ax.set_title(title or "the planner against a measured sweep", fontsize=9)
     return fig
+
+
+def bloom_search_figure(rows, title: str = ""):
+    """Predicted against measured seconds per iteration for BigScience's priced layout search
+    (`labkit.field_bloom`), one colour per TP degree, the diagonal and a +-10 % band."""
+    fig = new_figure(6.0, 4.6)
+    ax = fig.add_subplot()
+    ran = [r for r in rows if r.ratio is not None]
+    colours = {1: "#8172b3", 2: "#55a868", 4: "#dd8452", 8: "#4c72b0"}
+    for tp in sorted({r.layout.tp for r in ran}):
+        group = [r for r in ran if r.layout.tp == tp]
+        ax.scatter([r.measured_s for r in group], [r.estimate.step_time for r in group], s=14,
+                   color=colours.get(tp, "grey"), alpha=0.8, label=f"TP {tp}")
+    values = [v for r in ran for v in (r.measured_s, r.estimate.step_time)]
+    low, high = min(values) / 1.08, max(values) * 1.08
+    ax.plot([low, high], [low, high], color="black", linewidth=1, label="predicted = measured")
+    ax.fill_between([low, high], [0.9 * low, 0.9 * high], [1.1 * low, 1.1 * high],
+                    color="grey", alpha=0.2, label="within 10 %")
+    ax.set_xlim(low, high)
+    ax.set_ylim(low, high)
+    ax.set_xlabel("measured seconds per iteration (BigScience, 48 nodes of 8 A100)")
+    ax.set_ylabel("predicted (labkit.planner.evaluate)")
+    ax.legend(fontsize=7, frameon=False, loc="upper left")
+    ax.set_title(title or "the planner against BigScience's layout search", fontsize=9)
+    return fig

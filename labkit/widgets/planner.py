@@ -184,7 +184,8 @@ class PlannerCalculator(Calculator):
         for k, e in enumerate(self.shown, 1):
             lay, bd = e.layout, e.breakdown
             rows.append([k, f"{lay.dp:,}", f"{lay.tp}{'+sp' if lay.sequence_parallel else ''}",
-                         lay.pp, lay.chunks, lay.cp, _sharding(lay), lay.micro_batch,
+                         f"{lay.pp}{'u' if lay.uneven and lay.pp > 1 else ''}", lay.chunks,
+                         lay.cp, _sharding(lay), lay.micro_batch,
                          f"{e.microbatches:,}", lay.recompute, f"{e.step_time:,.3f}"]
                         + [f"{bd[part]:,.3f}" for part in PARTS]
                         + [f"{e.memory / GB:,.1f}", f"{e.tokens_per_second:,.0f}",
@@ -199,8 +200,13 @@ class PlannerCalculator(Calculator):
         if not name:
             return ""
         run = field.published_runs()[name]
+        as_run = evaluate(run.model, run.layout, **run.inputs)
+        predicted = getattr(as_run, f"{run.count}_tflops_per_gpu")
         head = (f"<b>Published: {name}</b> ({run.layout}, {run.tflops} TFLOP/s per GPU "
-                f"reported, {run.count} FLOPs; {run.source})")
+                f"reported, {run.count} FLOPs; {run.source})<br>priced as it ran (its "
+                f"framework, kernels and network: {run.inputs.get('framework', 'megatron')}): "
+                f"{predicted:,.0f} TFLOP/s per GPU, {predicted / run.tflops:.2f} x the reported; "
+                f"{as_run.memory / GB:,.1f} GB per GPU. Below, as this calculator prices it:")
         if run.layout.gpus != kw["gpus"]:
             return (f"{head}<br>its layout needs {run.layout.gpus:,} GPUs; set GPUs to "
                     f"{run.layout.gpus:,} to compare it")

@@ -92,7 +92,10 @@ class Framework:
     launches wait for their kernels (CUDA_LAUNCH_BLOCKING=1), so the host time adds to the
     device time instead of running ahead of it. `fsdp_prefetch`: FSDP issues a layer's gather
     before the layer runs (PyTorch FSDP's forward / backward prefetch, FSDP2); without it each
-    gather is waited for."""
+    gather is waited for. `overlap_param_gather`: ZeRO-1/2's gather of the updated weights runs
+    behind the next step's forward (Megatron-LM's distributed optimizer, overlap_param_gather);
+    without it (DeepSpeed's ZeRO-1 in Megatron-DeepSpeed, nanotron) the gather follows the
+    optimizer step with nothing to hide behind."""
 
     name: str
     kernels: str
@@ -101,6 +104,7 @@ class Framework:
     pp_tp_wait: float = 0.0
     blocking: bool = False
     fsdp_prefetch: bool = True
+    overlap_param_gather: bool = True
 
 
 # Megatron-DeepSpeed's host seconds per layer and micro-batch with blocking launches: the
@@ -121,8 +125,9 @@ FRAMEWORKS = {
         "the 8B 141 ms at tp 8 (32 layers): the host, not the GPU, sets the pace there. With "
         "both PP and TP, a stage's micro-batch takes a further ~25 ms per TP rank (1B, pp 2, "
         "tp 8: ~200 ms per micro-batch at micro-batch 1 to 8 alike; tokens/s falls in "
-        "proportion to tp): nanotron's own cost, measured, not explained by the hardware",
-        pp_tp_wait=25e-3),
+        "proportion to tp): nanotron's own cost, measured, not explained by the hardware. Its "
+        "ZeRO-1 gathers the updated weights after the optimizer step (nanotron/optim/zero.py)",
+        pp_tp_wait=25e-3, overlap_param_gather=False),
     "metaseq": Framework(
         "metaseq (OPT): Megatron-LM's tensor-parallel layers under FairScale's FSDP", "fused",
         0.4e-3,
@@ -133,12 +138,13 @@ FRAMEWORKS = {
     "megatron-deepspeed": Framework(
         "Megatron-DeepSpeed as BLOOM ran it (DeepSpeed's pipeline engine, blocking launches)",
         "fused", MEGATRON_DEEPSPEED_HOST,
-        "measured on BigScience's search for BLOOM's layout (labkit.field_bloom: 62 runs on "
-        "40-48 nodes of 8 A100s, TP 1-8, PP 1-48, micro-batch 1-8): the seconds per iteration "
+        "measured on BigScience's search for BLOOM's layout (labkit.field_bloom: 60 runs on "
+        "48 nodes of 8 A100s, TP 1-8, PP 1-48, micro-batch 1-8): the seconds per iteration "
         "beyond labkit's device time grow as layers x micro-batches on a stage, "
         "by a least-squares fit; the run set CUDA_LAUNCH_BLOCKING=1 (tr11-176B-ml.slurm: 'do "
         "not remove or the training will hang'), which makes each launch wait for its kernel, "
-        "so the host time adds to the device time", blocking=True),
+        "so the host time adds to the device time. DeepSpeed's ZeRO-1 gathers the updated "
+        "weights after the optimizer step", blocking=True, overlap_param_gather=False),
 }
 
 

@@ -241,14 +241,19 @@ class Pricer:
                               **({} if strategy != "fsdp" else
                                  {"reshard_after_forward": reshard})))
         backward = 2 / 3 * out["compute"]
-        if lay.sharding == "fsdp" and not fw.fsdp_prefetch:
-            # no prefetch: each gather starts when its layer needs it and the layer waits;
-            # only the reduce-scatters run behind the rest of the backward
+        waited = ((lay.sharding == "fsdp" and not fw.fsdp_prefetch)
+                  or (lay.sharding in ("zero1", "zero2") and not fw.overlap_param_gather))
+        if waited:
+            # FSDP without prefetch: each gather starts when its layer needs it and the layer
+            # waits. ZeRO-1/2 without overlap: the updated weights are gathered after the
+            # optimizer step, with nothing left to run. The reduce-scatters still run behind
+            # the backward.
             gathers = self._memo(key + ("gathers", dp_link.name), lambda: self._seconds(
                 replace(comm, collectives=[c for c in comm.collectives
                                            if c.op == "all_gather"]), dp_link))
             rest = self._memo(key + (dp_link.name,), lambda: self._seconds(comm, dp_link))
-            out["dp"] = gathers + max(0.0, rest - gathers - backward)
+            window = backward if lay.sharding in ("fsdp", "zero2") else backward / m
+            out["dp"] = gathers + max(0.0, rest - gathers - window)
         else:
             dp = self._memo(key + (dp_link.name,), lambda: self._seconds(comm, dp_link))
             window = {"ddp": backward / m, "zero1": backward / m, "zero2": backward,

@@ -2,7 +2,7 @@
 
 The figures asserted are the planner's today (labkit.kernels: matmul roofline at measured
 ceilings x SUSTAINED, FlashAttention, elementwise traffic, the framework's host time; median
-Spearman 0.74 with 79 % of the 14 groups >= 0.5, fits 88.1 %, median ratio 1.03 with 48 % within
+Spearman 0.75 with 79 % of the 14 groups >= 0.5, fits 88.1 %, median ratio 1.03 with 48 % within
 25 %; issue 31 asks for >= 80 % of groups and >= 50 % within 25 %); they guard against a change
 that makes the planner agree less with the field. Each can fail: a shuffled prediction, a model
 that fits everything, a planner twice as optimistic."""

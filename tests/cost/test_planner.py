@@ -296,3 +296,17 @@ def test_fsdp_without_prefetch_waits_for_each_gather():
     prefetched = evaluate(run.model, run.layout, **{**run.inputs, "framework": "megatron"})
     assert prefetched.breakdown["dp"] == 0 < waits.breakdown["dp"]
     assert waits.step_time > 1.15 * prefetched.step_time
+
+
+def test_zero1_without_overlap_waits_for_the_weight_gather():
+    """nanotron's and DeepSpeed's ZeRO-1 gather the updated weights after the optimizer step;
+    Megatron-LM's distributed optimizer overlaps that gather with the next forward."""
+    from labkit.kernels import FRAMEWORKS
+
+    lay = Layout(tp=2, dp=64, sharding="zero1", micro_batch=2, sequence_parallel=True)
+    kw = dict(gpu="h100-sxm", global_batch=128, seq_len=4096)
+    late, overlapped = (evaluate("llama3-8b", lay, **kw, framework=f)
+                        for f in ("nanotron", "megatron"))
+    assert not FRAMEWORKS["nanotron"].overlap_param_gather
+    assert FRAMEWORKS["megatron"].overlap_param_gather
+    assert late.breakdown["dp"] > overlapped.breakdown["dp"] >= 0

@@ -24,18 +24,21 @@ def _matmul_params(model) -> tuple[float, object]:
         return validate.positive("model (parameter count)", model, validate.MAX_PARAMS), None
     spec = get_model(model)
     # Drop the lookup tables; keep the head's matmul (a separate tensor already in num_params(),
-    # or the tied embedding used a second time as the head).
-    n = spec.num_params() - spec.embedding_params()
+    # or the tied embedding used a second time as the head). A mixture of experts: the
+    # parameters a token uses (`active_params`: k of the routed experts), as DeepSeek-V3 and
+    # Megatron-LM count an MoE's FLOPs.
+    n = spec.active_params() - spec.embedding_params()
     if spec.tied_embeddings:
         n += spec.vocab_size * spec.hidden_size
     return float(n), spec
 
 
 def attention_flops_per_token(model, seq_len, causal=False) -> float:
-    """Forward attention-score FLOPs per token: 4 * L * (a * d_head) * s (halved if causal)."""
+    """Forward attention-score FLOPs per token: 4 * L * (a * d_head) * s (halved if causal);
+    with MLA, a * (d_qk + d_v) / 2 for a * d_head (`ModelSpec.score_width`)."""
     spec = get_model(model)
     s = validate.positive_int("seq_len", seq_len, validate.MAX_SEQ_LEN)
-    f = 4 * spec.num_layers * spec.q_size * s
+    f = 4 * spec.num_layers * spec.score_width * s
     return f / 2 if causal else float(f)
 
 
@@ -48,7 +51,8 @@ def flops_per_token(model, seq_len=None, causal=False, recompute="none",
         6 * N  +  12 * L * (a * d_head) * s          FLOPs  (model FLOPs)
 
     - 6N: every parameter used in a matrix multiply costs 2 FLOPs per token forward and 4
-      backward (Kaplan et al. 2020, §2.1). N here counts the LM head (a real matmul, tied or
+      backward (Kaplan et al. 2020, §2.1); for a mixture of experts N is the active
+      parameters (`ModelSpec.active_params`), the MFU DeepSeek-V3 and Megatron-LM report. N here counts the LM head (a real matmul, tied or
       not) and leaves out the embedding lookups (a gather, no FLOPs); norms and biases are
       counted too (tiny).
     - 12 L a d_head s: the attention scores Q K^T and their product with V, 4 * s * a * d_head
@@ -71,7 +75,9 @@ def flops_per_token(model, seq_len=None, causal=False, recompute="none",
         if recompute == "full":
             # one more forward of the transformer layers (the embedding, final norm and head
             # sit outside the checkpointed layers and are not recomputed)
-            layers = n if spec is None else spec.num_layers * spec.params_per_layer()
+            layers = n if spec is None else (
+                spec.active_params() - spec.embedding_params() - spec.lm_head_params()
+                - spec.final_norm_params())
             total += 2 * layers + attn
         elif recompute == "selective":
             total += attn                  # the attention core again

@@ -27,9 +27,14 @@ STEP_BYTES = {"adamw": 4, "adam": 4, "sgd-momentum": 0, "sgd": 0}
 
 # ---- the parameter tensors of each unit -------------------------------------------------------
 
-def block_shapes(spec: ModelSpec) -> list[tuple[str, tuple]]:
+def block_shapes(spec: ModelSpec, dense: bool = False) -> list[tuple[str, tuple]]:
     """(name, shape) of one transformer block's parameters as transformers builds them:
-    nn.Linear weights are (out, in) for Llama-style models; GPT-2's Conv1D are (in, out)."""
+    nn.Linear weights are (out, in) for Llama-style models; GPT-2's Conv1D are (in, out). A
+    mixture of experts (transformers 5): the router `mlp.gate.weight` (E, h) and the experts as
+    two stacked tensors, `mlp.experts.gate_up_proj` (E, 2 f, h) and `down_proj` (E, h, f);
+    dense=True: one of its first `dense_layers` blocks."""
+    if spec.is_moe:
+        return _moe_block_shapes(spec, dense)
     h, q, kv, f = spec.hidden_size, spec.q_size, spec.kv_size, spec.ffn_size
     norm = [("weight", (h,))] + ([("bias", (h,))] if spec.norm == "layernorm" else [])
     out: list[tuple[str, tuple]] = []
@@ -53,6 +58,40 @@ def block_shapes(spec: ModelSpec) -> list[tuple[str, tuple]]:
     return out + [(f"{n}_layernorm.{k}", s) for n in ("input", "post_attention") for k, s in norm]
 
 
+def _moe_block_shapes(spec: ModelSpec, dense: bool) -> list[tuple[str, tuple]]:
+    h, a, E, fe = spec.hidden_size, spec.num_heads, spec.num_experts, spec.expert_ffn
+    if spec.mla:
+        q_lora, kv_lora, nope, rope, v = spec.mla
+        out = ([("self_attn.q_a_proj.weight", (q_lora, h)),
+                ("self_attn.q_a_layernorm.weight", (q_lora,)),
+                ("self_attn.q_b_proj.weight", (a * (nope + rope), q_lora))] if q_lora else
+               [("self_attn.q_proj.weight", (a * (nope + rope), h))])
+        out += [("self_attn.kv_a_proj_with_mqa.weight", (kv_lora + rope, h)),
+                ("self_attn.kv_a_layernorm.weight", (kv_lora,)),
+                ("self_attn.kv_b_proj.weight", (a * (nope + v), kv_lora)),
+                ("self_attn.o_proj.weight", (h, a * v))]
+    else:
+        q, kv = spec.q_size, spec.kv_size
+        out = [("self_attn.q_proj.weight", (q, h)), ("self_attn.k_proj.weight", (kv, h)),
+               ("self_attn.v_proj.weight", (kv, h)), ("self_attn.o_proj.weight", (h, q))]
+        if spec.qk_norm:
+            out += [("self_attn.q_norm.weight", (spec.d_head,)),
+                    ("self_attn.k_norm.weight", (spec.d_head,))]
+    if dense:
+        f = spec.ffn_size
+        out += [("mlp.gate_proj.weight", (f, h)), ("mlp.up_proj.weight", (f, h)),
+                ("mlp.down_proj.weight", (h, f))]
+    else:
+        out += [("mlp.gate.weight", (E, h)), ("mlp.experts.gate_up_proj", (E, 2 * fe, h)),
+                ("mlp.experts.down_proj", (E, h, fe))]
+        if spec.shared_experts:
+            fs = fe * spec.shared_experts
+            out += [("mlp.shared_experts.gate_proj.weight", (fs, h)),
+                    ("mlp.shared_experts.up_proj.weight", (fs, h)),
+                    ("mlp.shared_experts.down_proj.weight", (h, fs))]
+    return out + [(f"{n}_layernorm.weight", (h,)) for n in ("input", "post_attention")]
+
+
 def root_shapes(spec: ModelSpec) -> list[tuple[str, tuple]]:
     """(name, shape) of what the root unit holds: token (and position) embeddings, the final
     norm, and the LM head unless it is tied to the token embedding (one tensor, counted once)."""
@@ -69,7 +108,8 @@ def unit_shapes(model, per_block: bool = True) -> list[list[tuple]]:
     root last; per_block=False: one unit with everything."""
     spec = get_model(model)
     validate.choice("per_block", per_block, (True, False))
-    blocks = [[s for _, s in block_shapes(spec)] for _ in range(spec.num_layers)]
+    blocks = [[s for _, s in block_shapes(spec, dense=i < spec.dense_layers)]
+              for i in range(spec.num_layers)]
     root = [s for _, s in root_shapes(spec)]
     return blocks + [root] if per_block else [sum(blocks, []) + root]
 

@@ -21,8 +21,8 @@ from labkit.models import get_model
 # which sits below this module (it must not import memory); re-exported here, where the course
 # imports them from.
 from labkit.placement import (FP8_PRECISIONS, OFFLOAD, OPTIMIZERS, PRECISIONS, _stage_layers,
-                              check_placement, describe_placement, model_states, stage_params,
-                              state_bytes)
+                              check_placement, describe_placement, model_states,
+                              stage_expert_params, stage_params, state_bytes)
 from labkit.precision import GRAD_ACCUM, gradient_bytes
 
 RECOMPUTE = ("none", "selective", "full")
@@ -163,7 +163,7 @@ def estimate_memory(model, batch_size=1, seq_len=None, precision="bf16-mixed",
                     schedule="1f1b", implementation=None, attention=None,
                     dropout=None, grad_accum="param", offload="none",
                     largest_layer=None, device=None, fused_dropout=None,
-                    uneven=False) -> MemoryEstimate:
+                    uneven=False, ep=1, etp=1, capacity_factor=None) -> MemoryEstimate:
     """Training memory per GPU, reported for the worst pipeline stage.
 
     Model states (Rajbhandari et al. 2020, "ZeRO", §3.1 and Figure 1): mixed-precision Adam
@@ -211,6 +211,14 @@ def estimate_memory(model, batch_size=1, seq_len=None, precision="bf16-mixed",
         the unit ZeRO-3 gathers at once (weights + gradient counted); `labkit.placement`.
     uneven: the first and last pipeline stages hold one transformer layer fewer, the embedding
         and the output layer taking their slots (Llama 3; `labkit.placement.stage_layers`).
+    ep / etp (a mixture of experts): each MoE layer's routed experts split over ep x etp ranks
+        (expert and expert-tensor parallelism), folded into the tp x dp ranks as Megatron-LM
+        does, so their states shard (ZeRO) over the expert-data-parallel group
+        edp = tp x dp / (ep x etp); the dense states over dp as before. capacity_factor: each
+        expert's buffer holds capacity_factor x its share of the k x tokens assignments (None:
+        no capacity, exactly k x tokens). An MoE layer's activations: the MLP terms at
+        k x capacity x the expert width (+ shared experts), the router's fp32 probabilities
+        and the dispatched and combined token copies (`moe_extra_bytes`).
     """
     validate.choice("precision", precision, PRECISIONS + FP8_PRECISIONS)
     validate.choice("optimizer", optimizer, OPTIMIZERS)
@@ -226,10 +234,16 @@ def estimate_memory(model, batch_size=1, seq_len=None, precision="bf16-mixed",
     w_bytes, g_bytes, o_bytes = state_bytes(precision, optimizer, grad_accum)
     grads = gradient_bytes(w_bytes, grad_accum)
 
+    ep = validate.positive_int("ep", ep, validate.MAX_RANKS)
+    etp = validate.positive_int("etp", etp, validate.MAX_RANKS)
     if isinstance(model, numbers.Real) and not isinstance(model, bool):
         n = validate.positive("model (parameter count)", model, validate.MAX_PARAMS)
         per_stage = [n / (tp * pp)] * pp
+        experts = [0.0] * pp
         spec, s = None, None
+        if ep * etp > 1:
+            raise ValueError("ep / etp need a mixture-of-experts model (a ModelSpec with "
+                             "num_experts); a parameter count has no experts; allowed: ep=1")
     else:
         spec = get_model(model)
         for what, count in tp_splits(spec).items():
@@ -245,20 +259,28 @@ def estimate_memory(model, batch_size=1, seq_len=None, precision="bf16-mixed",
         validate.divides("cp", cp, "seq_len", s)
         if sequence_parallel and tp > 1:
             validate.divides("tp", tp, "seq_len / cp", s // cp)
-        per_stage = stage_params(spec, tp, pp, uneven)
+        edp = _expert_group(spec, ep, etp, tp, dp, capacity_factor)
+        per_stage = stage_params(spec, tp, pp, uneven, experts=False)
+        experts = stage_expert_params(spec, pp, ep, etp, uneven)
     implementation, attention, dropout = activations.resolve(implementation, attention, dropout,
                                                              spec, device)
     kernels = dict(device=device, fused_dropout=fused_dropout)
     mask = activations.mask_bytes(device, fused_dropout, activation_value_bytes(precision))
 
     stages = []
-    for i, n in enumerate(per_stage):
+    for i, (n, n_exp) in enumerate(zip(per_stage, experts)):
         states, host = model_states(n, w_bytes, grads, o_bytes, zero_stage, dp, offload, gathered)
+        if n_exp:
+            more, more_host = model_states(n_exp, w_bytes, grads, o_bytes, zero_stage, edp,
+                                           offload)
+            states = {k: v + more[k] for k, v in states.items()}
+            host = {k: v + more_host[k] for k, v in host.items()}
         act = 0.0
         if spec is not None:
             act = _stage_activations(spec, i, pp, b, s, cp, tp, sequence_parallel, recompute,
                                      m, schedule, activation_value_bytes(precision),
-                                     (implementation, attention, dropout), kernels, uneven)
+                                     (implementation, attention, dropout), kernels, uneven,
+                                     capacity_factor)
         stages.append((states, act, host))
     totals = [sum(st.values()) + act for st, act, _ in stages]
     worst = max(range(pp), key=lambda i: totals[i])
@@ -270,8 +292,8 @@ def estimate_memory(model, batch_size=1, seq_len=None, precision="bf16-mixed",
                   microbatches=m, schedule=schedule, implementation=implementation,
                   attention=attention, dropout=dropout, grad_accum=grad_accum, offload=offload,
                   largest_layer=largest_layer, device=device or "cuda", mask_bytes=mask,
-                  uneven=bool(uneven))
-    explain = _explain(per_stage[worst], worst, pp, tp, dp, zero_stage, (w_bytes, g_bytes,
+                  uneven=bool(uneven), ep=ep, etp=etp, capacity_factor=capacity_factor)
+    explain = _explain(per_stage[worst] + experts[worst], worst, pp, tp, dp, zero_stage, (w_bytes, g_bytes,
                        o_bytes), precision, optimizer, spec, inputs)
     explain.update(describe_placement(explain, grad_accum, offload, gathered, host))
     return MemoryEstimate(params=states["params"], grads=states["grads"],
@@ -289,7 +311,7 @@ def in_flight(stage: int, pp: int, microbatches: int, schedule: str = "1f1b") ->
 
 def _stage_activations(spec, i, pp, b, s, cp, tp, sp, recompute, m, schedule,
                        value_bytes=2, impl=("megatron", "eager", True), kernels=None,
-                       uneven=False) -> float:
+                       uneven=False, capacity_factor=None) -> float:
     """Activation bytes of stage i: its layers x micro-batches in flight, plus what lies outside
     the layers (`labkit.activations.stage_extra_terms`: the embedding's dropout mask on the
     first stage, the final norm and the fp32 logits on the last; Korthikanti et al. 2022, §4.3).
@@ -303,14 +325,58 @@ def _stage_activations(spec, i, pp, b, s, cp, tp, sp, recompute, m, schedule,
     s_local = s // cp
     shape = dict(s=s_local, b=b, h=spec.hidden_size, value_bytes=value_bytes, dropout=dropout,
                  tp=tp, sequence_parallel=sp, **(kernels or {}))
-    per_layer = sum(activations.layer_terms(
-        implementation, attention, a=spec.num_heads, kv=spec.num_kv_heads, q=spec.q_size,
-        ffn=spec.ffn_size, recompute=recompute, kv_len=s, **shape).values())
+    def per_layer(ffn, extra=0.0):
+        return sum(activations.layer_terms(
+            implementation, attention, a=spec.num_heads, kv=spec.num_kv_heads, q=spec.q_size,
+            ffn=ffn, recompute=recompute, kv_len=s, **shape).values()) + extra
+
     k = in_flight(i, pp, m, schedule)
-    act = _stage_layers(spec.num_layers, pp, uneven)[i] * per_layer
+    counts = _stage_layers(spec.num_layers, pp, uneven)
+    n = counts[i]
+    if spec.is_moe:
+        first = sum(counts[:i])
+        dense = max(0, min(n, spec.dense_layers - first))
+        width = spec.expert_ffn * (spec.experts_per_token * (capacity_factor or 1.0)
+                                   + spec.shared_experts)
+        extra = (0.0 if recompute == "full" else
+                 moe_extra_bytes(spec, s_local * b, value_bytes, capacity_factor)
+                 / (tp if sp else 1))
+        act = dense * per_layer(spec.ffn_size) + (n - dense) * per_layer(width, extra)
+    else:
+        act = n * per_layer(spec.ffn_size)
     act += sum(activations.stage_extra_terms(implementation, i == 0, i == pp - 1,
                                              vocab=spec.vocab_size, **shape).values())
     return act * k
+
+
+def moe_extra_bytes(spec, tokens, value_bytes=2, capacity_factor=None) -> float:
+    """Bytes an MoE layer keeps beyond its experts' MLP terms, for `tokens` tokens: the router's
+    fp32 probabilities (tokens x num_experts x 4), and the k x capacity copies of each token
+    sent to its experts (dispatched, the experts' input) and sent back (combined, kept for the
+    gradient of the routing weights): 2 x k x capacity x hidden values per token, less the one
+    MLP input the dense terms already count."""
+    copies = spec.experts_per_token * (capacity_factor or 1.0)
+    return tokens * (4 * spec.num_experts + (2 * copies - 1) * spec.hidden_size * value_bytes)
+
+
+def _expert_group(spec, ep, etp, tp, dp, capacity_factor) -> int:
+    """edp, the group an MoE model's expert states shard over; checks ep, etp and the
+    capacity factor."""
+    if capacity_factor is not None:
+        validate.at_least("capacity_factor", capacity_factor, 1e-3, 1e3)
+    if not spec.is_moe:
+        if ep * etp > 1 or capacity_factor is not None:
+            raise ValueError(f"ep={ep}, etp={etp}, capacity_factor={capacity_factor!r} need a "
+                             f"mixture-of-experts model; {spec.name} is dense; allowed: ep=1, "
+                             "etp=1, capacity_factor=None")
+        return 1
+    validate.divides("ep", ep, "num_experts", spec.num_experts)
+    if (tp * dp) % (ep * etp):
+        raise ValueError(f"ep x etp = {ep} x {etp} must divide tp x dp = {tp} x {dp} (the "
+                         "expert layers reuse the dense layers' ranks); allowed: ep x etp a "
+                         f"divisor of {tp * dp}")
+    validate.divides("etp", etp, "expert_ffn_size", spec.expert_ffn)
+    return tp * dp // (ep * etp)
 
 
 def _explain(n, worst, pp, tp, dp, zero_stage, bytes_, precision, optimizer, spec, inputs):

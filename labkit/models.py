@@ -24,7 +24,14 @@ from labkit import validate
 #   (weight only), grouped-query attention (kv_heads <= heads), gated SiLU MLP (gate, up,
 #   down), no biases except where the architecture has them (Qwen2: q, k, v biases) (Touvron
 #   et al. 2023; Jiang et al. 2023; Qwen2 technical report 2024; HF `LlamaForCausalLM` etc.).
-ARCHS = ("gpt2", "llama", "mistral", "qwen2")
+# - mixtures of experts (`num_experts` > 0): "mixtral" (Jiang et al. 2024: Mistral's layer, every
+#   MLP replaced by E SwiGLU experts, top-k routing), "qwen3_moe" (Qwen3 report 2025: q/k
+#   RMSNorms, 128 experts, top-8) and "deepseek_v3" (DeepSeek-V3 report 2024: multi-head latent
+#   attention (`mla`), the first `dense_layers` layers dense, then 256 routed + 1 shared
+#   expert, top-8), each as transformers builds it (MixtralForCausalLM, Qwen3MoeForCausalLM,
+#   DeepseekV3ForCausalLM).
+ARCHS = ("gpt2", "llama", "mistral", "qwen2", "mixtral", "qwen3_moe", "deepseek_v3")
+MOE_ARCHS = ("mixtral", "qwen3_moe", "deepseek_v3")
 # Each size field of a ModelSpec: a whole number from 1 to this.
 _FIELD_LIMITS = {"num_layers": validate.MAX_LAYERS, "hidden_size": validate.MAX_WIDTH,
                  "num_heads": validate.MAX_WIDTH, "num_kv_heads": validate.MAX_WIDTH,
@@ -58,12 +65,25 @@ class ModelSpec:
     out_bias: bool = False
     mlp_bias: bool = False
     extra: tuple = ()                    # extra HF config fields (key, value) for to_hf_config()
+    # mixture of experts (0: a dense model): routed experts, experts per token (k), each
+    # expert's inner width (None: ffn_size), shared experts (always on, DeepSeek), the first
+    # layers that keep a dense MLP of ffn_size (DeepSeek-V3: 3)
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_ffn_size: int | None = None
+    shared_experts: int = 0
+    dense_layers: int = 0
+    qk_norm: bool = False                # Qwen3: RMSNorm over each head's q and k
+    # multi-head latent attention (DeepSeek-V2/V3): (q_lora_rank (0: no q compression),
+    # kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim); () for ordinary attention
+    mla: tuple = ()
 
     def __post_init__(self):
         validate.choice("arch", self.arch, ARCHS)
         validate.choice("norm", self.norm, ("rmsnorm", "layernorm"))
         for field, at_most in _FIELD_LIMITS.items():
             validate.positive_int(field, getattr(self, field), at_most)
+        self._check_moe()
         validate.divides("num_kv_heads", self.num_kv_heads, "num_heads", self.num_heads)
         if self.head_dim is None:
             validate.divides("num_heads", self.num_heads, "hidden_size", self.hidden_size)
@@ -89,11 +109,65 @@ class ModelSpec:
 
     @property
     def kv_size(self) -> int:
-        """Width of each of the key and value projections' outputs (num_kv_heads * head_dim)."""
+        """Width of each of the key and value projections' outputs (num_kv_heads * head_dim);
+        with MLA the up-projected keys (heads x (nope + rope))."""
+        if self.mla:
+            return self.num_heads * (self.mla[2] + self.mla[3])
         return self.num_kv_heads * self.d_head
 
+    @property
+    def score_width(self) -> float:
+        """heads x the mean of the q.k and v head widths: what the attention scores and their
+        product with V cost per key, 2 x this FLOPs each (q_size without MLA, whose q.k heads
+        are nope + rope wide and v heads v_head_dim)."""
+        if self.mla:
+            return self.num_heads * (self.mla[2] + self.mla[3] + self.mla[4]) / 2
+        return float(self.q_size)
+
+    # ---- mixture of experts -----------------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def expert_ffn(self) -> int:
+        """One expert's inner width (moe_intermediate_size)."""
+        return self.expert_ffn_size or self.ffn_size
+
+    @property
+    def moe_layers(self) -> int:
+        return self.num_layers - self.dense_layers if self.is_moe else 0
+
+    def expert_params(self) -> int:
+        """Parameters of one routed expert (a SwiGLU MLP: gate, up, down)."""
+        return 3 * self.hidden_size * self.expert_ffn
+
+    def _check_moe(self):
+        if not self.is_moe:
+            if self.experts_per_token or self.shared_experts or self.dense_layers:
+                raise ValueError(f"ModelSpec {self.name!r}: experts_per_token, shared_experts "
+                                 "and dense_layers need num_experts >= 1; allowed: 0 for a "
+                                 "dense model")
+            return
+        validate.positive_int("num_experts", self.num_experts, validate.MAX_WIDTH)
+        validate.positive_int("experts_per_token", self.experts_per_token, self.num_experts)
+        if self.expert_ffn_size is not None:
+            validate.positive_int("expert_ffn_size", self.expert_ffn_size, validate.MAX_WIDTH)
+        if not 0 <= self.shared_experts <= validate.MAX_WIDTH:
+            raise ValueError(f"shared_experts={self.shared_experts!r}; allowed: 0 or more")
+        if not 0 <= self.dense_layers < self.num_layers:
+            raise ValueError(f"dense_layers={self.dense_layers!r}; allowed: 0 to "
+                             f"{self.num_layers - 1} (num_layers - 1)")
+        if not self.gated_mlp or self.mlp_bias:
+            raise ValueError("an MoE ModelSpec has SwiGLU experts without biases; allowed: "
+                             "gated_mlp=True, mlp_bias=False")
+        if self.mla and (len(self.mla) != 5 or not all(isinstance(x, int) and x >= 0
+                                                        for x in self.mla)):
+            raise ValueError(f"mla={self.mla!r}; allowed: () or (q_lora_rank, kv_lora_rank, "
+                             "qk_nope_head_dim, qk_rope_head_dim, v_head_dim), whole numbers")
+
     # ---- parameter counts ---------------------------------------------------------------
-    def layer_parts(self) -> dict[str, int]:
+    def layer_parts(self, dense: bool = False) -> dict[str, int]:
         """Parameters of one transformer layer, split by how tensor parallelism treats them.
 
         - "attention_sharded": q, k, v, o weights and the column-parallel (q, k, v) biases;
@@ -101,13 +175,25 @@ class ModelSpec:
         - "replicated": norms and the row-parallel biases (o, down), identical on every TP rank
           (Shoeybi et al. 2019, Megatron-LM §3: the bias of a row-parallel layer is added
           after the all-reduce).
+        A mixture-of-experts layer (`dense=False`, the default for an MoE spec) also has
+        "experts": its routed experts, which expert parallelism splits; "mlp_sharded" is then
+        its shared experts, and the router (hidden x num_experts) is "replicated". `dense=True`:
+        one of an MoE model's first `dense_layers` (a dense MLP of ffn_size).
         """
         h, q, kv, f = self.hidden_size, self.q_size, self.kv_size, self.ffn_size
-        attn = h * q + 2 * h * kv + q * h
+        if self.mla:
+            q_lora, kv_lora, nope, rope, v = self.mla
+            qk = self.num_heads * (nope + rope)
+            attn = ((h * q_lora + q_lora * qk) if q_lora else h * qk) \
+                + h * (kv_lora + rope) + kv_lora * self.num_heads * (nope + v) \
+                + self.num_heads * v * h
+        else:
+            attn = h * q + 2 * h * kv + q * h
         if self.qkv_bias:
             attn += q + 2 * kv
         n_in = 2 if self.gated_mlp else 1                 # gate and up, or fc
-        mlp = n_in * h * f + f * h
+        moe = self.is_moe and not dense
+        mlp = (self.shared_experts * self.expert_params() if moe else n_in * h * f + f * h)
         if self.mlp_bias:
             mlp += n_in * f
         norm = 2 * h if self.norm == "layernorm" else h   # LayerNorm: weight + bias
@@ -116,10 +202,31 @@ class ModelSpec:
             replicated += h
         if self.mlp_bias:
             replicated += h
-        return {"attention_sharded": attn, "mlp_sharded": mlp, "replicated": replicated}
+        if self.qk_norm:
+            replicated += 2 * self.d_head
+        if self.mla:                                      # the two latent RMSNorms
+            replicated += self.mla[0] + self.mla[1]
+        out = {"attention_sharded": attn, "mlp_sharded": mlp, "replicated": replicated}
+        if moe:
+            out["replicated"] += h * self.num_experts     # the router
+            out["experts"] = self.num_experts * self.expert_params()
+        return out
 
-    def params_per_layer(self) -> int:
-        return sum(self.layer_parts().values())
+    def params_per_layer(self) -> float:
+        """Parameters of the average transformer layer (an MoE model's layers differ: its
+        dense layers and its MoE layers; the mean keeps L x this exact)."""
+        if not self.dense_layers:
+            return sum(self.layer_parts().values())
+        return (self.dense_layers * sum(self.layer_parts(dense=True).values())
+                + self.moe_layers * sum(self.layer_parts().values())) / self.num_layers
+
+    def active_params(self) -> int:
+        """Parameters one token uses: every parameter except the routed experts it is not
+        sent to (k of num_experts per MoE layer). Equal to num_params() for a dense model."""
+        if not self.is_moe:
+            return self.num_params()
+        idle = self.num_experts - self.experts_per_token
+        return self.num_params() - self.moe_layers * idle * self.expert_params()
 
     def embedding_params(self) -> int:
         """Token embedding (vocab x hidden) plus learned position embeddings if any."""
@@ -143,13 +250,21 @@ class ModelSpec:
         norm = 2 * h if self.norm == "layernorm" else h
         attn = parts["attention_sharded"] + (h if self.out_bias else 0)
         mlp = parts["mlp_sharded"] + (h if self.mlp_bias else 0)
-        return {
+        norms = 2 * norm + (2 * self.d_head if self.qk_norm else 0) + (
+            self.mla[0] + self.mla[1] if self.mla else 0)
+        out = {
             "embeddings": self.embedding_params(),
             "attention": L * attn,
             "mlp": L * mlp,
-            "norms": L * 2 * norm + self.final_norm_params(),
+            "norms": L * norms + self.final_norm_params(),
             "lm_head": self.lm_head_params(),
         }
+        if self.is_moe:
+            dense = self.layer_parts(dense=True)["mlp_sharded"]
+            out["mlp"] = self.dense_layers * dense + self.moe_layers * parts["mlp_sharded"]
+            out["router"] = self.moe_layers * h * self.num_experts
+            out["experts"] = self.moe_layers * parts["experts"]
+        return out
 
     def num_params(self) -> int:
         """Exact number of parameters (tied embeddings counted once).
@@ -201,6 +316,8 @@ class ModelSpec:
                 out_bias=bias if model_type == "llama" else False,
                 mlp_bias=bool(get("mlp_bias", False)) if model_type == "llama" else False,
             )
+        if model_type in MOE_ARCHS:
+            return _moe_from_hf(cls, get, model_type, name)
         allowed = ", ".join(repr(a) for a in ARCHS)
         raise ValueError(f"config.model_type={model_type!r} is not supported; allowed: {allowed}")
 
@@ -224,8 +341,12 @@ class ModelSpec:
                       tie_word_embeddings=self.tied_embeddings)
             if self.arch == "llama":
                 kw.update(attention_bias=self.qkv_bias, mlp_bias=self.mlp_bias)
+            if self.is_moe:
+                kw.update(_moe_to_hf(self))
             cls = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
-                   "qwen2": transformers.Qwen2Config}[self.arch]
+                   "qwen2": transformers.Qwen2Config, "mixtral": transformers.MixtralConfig,
+                   "qwen3_moe": transformers.Qwen3MoeConfig,
+                   "deepseek_v3": transformers.DeepseekV3Config}[self.arch]
         kw.update(dict(self.extra))
         kw.update(overrides)
         return cls(**kw)
@@ -233,6 +354,62 @@ class ModelSpec:
     def with_(self, **changes) -> "ModelSpec":
         """A copy with some fields changed (validated again)."""
         return replace(self, **changes)
+
+
+def _moe_from_hf(cls, get, model_type, name) -> "ModelSpec":
+    """Mixtral, Qwen3-MoE and DeepSeek-V3 configs; what ModelSpec cannot count exactly is a
+    ValueError naming the field."""
+    heads, h = get("num_attention_heads"), get("hidden_size")
+    common = dict(name=name, arch=model_type, num_layers=get("num_hidden_layers"), hidden_size=h,
+                  num_heads=heads, vocab_size=get("vocab_size"),
+                  max_seq_len=get("max_position_embeddings"), gated_mlp=True, norm="rmsnorm",
+                  tied_embeddings=bool(get("tie_word_embeddings", False)),
+                  experts_per_token=get("num_experts_per_tok"))
+    if model_type == "mixtral":
+        head_dim = get("head_dim") or h // heads
+        return cls(**common, num_kv_heads=get("num_key_value_heads") or heads,
+                   ffn_size=get("intermediate_size"),
+                   head_dim=None if head_dim * heads == h else head_dim,
+                   num_experts=get("num_local_experts"))
+    if get("attention_bias", False):
+        raise ValueError(f"config.attention_bias=True is not supported for {model_type}; "
+                         "allowed: False (as the released models)")
+    if model_type == "qwen3_moe":
+        if get("decoder_sparse_step", 1) != 1 or list(get("mlp_only_layers") or []):
+            raise ValueError("config.decoder_sparse_step != 1 or mlp_only_layers: dense layers "
+                             "between MoE layers are not supported; allowed: "
+                             "decoder_sparse_step=1, mlp_only_layers=[] (as Qwen3-MoE ships)")
+        head_dim = get("head_dim") or h // heads
+        return cls(**common, num_kv_heads=get("num_key_value_heads") or heads,
+                   ffn_size=get("intermediate_size"), expert_ffn_size=get("moe_intermediate_size"),
+                   head_dim=None if head_dim * heads == h else head_dim, qk_norm=True,
+                   num_experts=get("num_experts"))
+    nope, rope = get("qk_nope_head_dim"), get("qk_rope_head_dim")
+    return cls(**common, num_kv_heads=heads, ffn_size=get("intermediate_size"),
+               expert_ffn_size=get("moe_intermediate_size"), head_dim=nope + rope,
+               num_experts=get("n_routed_experts"), shared_experts=get("n_shared_experts") or 0,
+               dense_layers=get("first_k_dense_replace") or 0,
+               mla=(get("q_lora_rank") or 0, get("kv_lora_rank"), nope, rope,
+                    get("v_head_dim")))
+
+
+def _moe_to_hf(spec) -> dict:
+    if spec.arch == "mixtral":
+        return dict(num_local_experts=spec.num_experts,
+                    num_experts_per_tok=spec.experts_per_token)
+    if spec.arch == "qwen3_moe":
+        return dict(num_experts=spec.num_experts, num_experts_per_tok=spec.experts_per_token,
+                    moe_intermediate_size=spec.expert_ffn, decoder_sparse_step=1,
+                    mlp_only_layers=[], attention_bias=False)
+    q_lora, kv_lora, nope, rope, v = spec.mla
+    # DeepSeek's group-limited routing: groups must divide the experts (1 group on small ones)
+    groups = 8 if spec.num_experts % 8 == 0 and spec.num_experts >= 64 else 1
+    return dict(n_routed_experts=spec.num_experts, num_experts_per_tok=spec.experts_per_token,
+                moe_intermediate_size=spec.expert_ffn, n_shared_experts=spec.shared_experts,
+                first_k_dense_replace=spec.dense_layers, q_lora_rank=q_lora or None,
+                kv_lora_rank=kv_lora, qk_nope_head_dim=nope, qk_rope_head_dim=rope,
+                v_head_dim=v, head_dim=rope, num_key_value_heads=spec.num_heads,
+                n_group=groups, topk_group=min(4, groups))
 
 
 # ---- presets ---------------------------------------------------------------------------
@@ -294,6 +471,36 @@ PRESETS: dict[str, ModelSpec] = {
                             norm="layernorm", learned_positions=True, qkv_bias=True,
                             out_bias=True, mlp_bias=True),
 }
+
+
+# Mixtures of experts (each config.json on the Hugging Face Hub):
+# Mixtral 8x7B (mistralai/Mixtral-8x7B-v0.1): Mistral 7B's layer, 8 experts, top-2.
+PRESETS["mixtral-8x7b"] = ModelSpec(
+    name="mixtral-8x7b", arch="mixtral", num_layers=32, hidden_size=4096, num_heads=32,
+    num_kv_heads=8, ffn_size=14336, vocab_size=32000, max_seq_len=32768, num_experts=8,
+    experts_per_token=2, extra=(("rms_norm_eps", 1e-5), ("rope_theta", 1e6)))
+# Qwen3-30B-A3B (Qwen/Qwen3-30B-A3B): 48 layers, heads 32 x 128 (wider than hidden), 4 KV heads,
+# 128 experts of 768, top-8, q/k norms.
+PRESETS["qwen3-30b-a3b"] = ModelSpec(
+    name="qwen3-30b-a3b", arch="qwen3_moe", num_layers=48, hidden_size=2048, num_heads=32,
+    num_kv_heads=4, ffn_size=6144, vocab_size=151936, max_seq_len=40960, head_dim=128,
+    num_experts=128, experts_per_token=8, expert_ffn_size=768, qk_norm=True,
+    extra=(("norm_topk_prob", True), ("rms_norm_eps", 1e-6), ("rope_theta", 1e6)))
+# DeepSeek-V3 (deepseek-ai/DeepSeek-V3, transformers' DeepseekV3Config defaults): 61 layers,
+# the first 3 dense (18,432), then 256 routed experts of 2,048 + 1 shared, top-8; MLA (q rank
+# 1,536, kv rank 512, heads of 128 + 64 rope, v 128). Pre-trained at 4,096 tokens (the context
+# was extended later). transformers builds no multi-token-prediction module (14B more on the
+# Hub): 671B, of which 37B active per token.
+PRESETS["deepseek-v3"] = ModelSpec(
+    name="deepseek-v3", arch="deepseek_v3", num_layers=61, hidden_size=7168, num_heads=128,
+    num_kv_heads=128, ffn_size=18432, vocab_size=129280, max_seq_len=4096, head_dim=192,
+    num_experts=256, experts_per_token=8, expert_ffn_size=2048, shared_experts=1,
+    dense_layers=3, mla=(1536, 512, 128, 64, 128))
+# A tiny Mixtral the MoE lab trains on CPU: 8 experts, top-2, every size divisible by 1, 2, 4.
+PRESETS["debug-moe"] = ModelSpec(
+    name="debug-moe", arch="mixtral", num_layers=2, hidden_size=128, num_heads=8,
+    num_kv_heads=4, ffn_size=256, vocab_size=1024, max_seq_len=256, num_experts=8,
+    experts_per_token=2)
 
 
 # BLOOM-176B (BigScience 2022; bigscience/bloom config.json: 70 layers, hidden 14,336, 112

@@ -74,7 +74,8 @@ def _stage_layers(num_layers: int, pp: int, uneven: bool = False) -> list[int]:
 stage_layers = _stage_layers
 
 
-def stage_params(spec: ModelSpec, tp: int, pp: int, uneven: bool = False) -> list[float]:
+def stage_params(spec: ModelSpec, tp: int, pp: int, uneven: bool = False, ep: int = 1,
+                 etp: int = 1, experts: bool = True) -> list[float]:
     """Parameters held by one GPU of each pipeline stage (one tensor-parallel rank).
 
     Weight matrices and column-parallel biases are split over tp; norms and row-parallel biases
@@ -84,15 +85,44 @@ def stage_params(spec: ModelSpec, tp: int, pp: int, uneven: bool = False) -> lis
     pp > 1 the last stage keeps its own copy of the shared matrix (Megatron-LM does this and
     all-reduces the two copies' gradients), with pp = 1 the one tensor serves both. uneven:
     one transformer layer fewer on the first and last stages (`_stage_layers`).
+
+    A mixture of experts: each MoE layer's routed experts are split over ep x etp (expert
+    parallelism, expert tensor parallelism); an MoE model's first `dense_layers` layers sit on
+    the first stages. experts=False: leave the routed experts out (`stage_expert_params` has
+    them), as ZeRO shards them over another group.
     """
-    parts = spec.layer_parts()
-    per_layer = (parts["attention_sharded"] + parts["mlp_sharded"]) / tp + parts["replicated"]
+    counts = _stage_layers(spec.num_layers, pp, uneven)
     vh = spec.vocab_size * spec.hidden_size
     embed = vh / tp + (spec.max_seq_len * spec.hidden_size if spec.learned_positions else 0)
     head = vh / tp if (not spec.tied_embeddings or pp > 1) else 0.0
-    out = [n * per_layer for n in _stage_layers(spec.num_layers, pp, uneven)]
+
+    def per_layer(dense):
+        parts = spec.layer_parts(dense=dense)
+        return ((parts["attention_sharded"] + parts["mlp_sharded"]) / tp + parts["replicated"]
+                + (parts.get("experts", 0) / (ep * etp) if experts else 0.0))
+
+    moe, dense = per_layer(False), per_layer(True)
+    out, first = [], 0
+    for n in counts:
+        k_dense = max(0, min(n, spec.dense_layers - first)) if spec.is_moe else 0
+        out.append(k_dense * dense + (n - k_dense) * moe)
+        first += n
     out[0] += embed
     out[-1] += spec.final_norm_params() + head
+    return out
+
+
+def stage_expert_params(spec: ModelSpec, pp: int, ep: int = 1, etp: int = 1,
+                        uneven: bool = False) -> list[float]:
+    """Routed-expert parameters one GPU of each stage holds: its MoE layers' experts / (ep x
+    etp); zeros for a dense model."""
+    if not spec.is_moe:
+        return [0.0] * pp
+    per_layer = spec.num_experts * spec.expert_params() / (ep * etp)
+    out, first = [], 0
+    for n in _stage_layers(spec.num_layers, pp, uneven):
+        out.append((n - max(0, min(n, spec.dense_layers - first))) * per_layer)
+        first += n
     return out
 
 

@@ -1,16 +1,13 @@
-"""The planner against a measured sweep: how its predictions rank and size what was measured.
+"""The planner against measured runs: how its predictions rank and size what was measured.
 
-    labkit bench field                        # the Ultra-Scale Playbook's 1B / 8B sweep,
-                                              # BigScience's layout search, published runs
+    labkit bench field                        # the sweep, BLOOM's search, the published runs
     labkit bench field -- --mfu 0.4           # with another matmul efficiency
 
-Prices every configuration of labkit/data/usp_sweep_1b_8b.csv as it ran (labkit.field) and
-prints the rank correlation of predicted vs measured tokens/s per GPU within each (model,
-nodes) group, how often the predicted fit agrees with ran/crashed, and the median ratio of
-predicted to measured throughput. Issue 31's reach: median Spearman >= 0.7 with >= 80 % of
-groups >= 0.5, fits agreement >= 85 %, median ratio in 0.8-1.25 with >= 50 % within 25 %.
-Then BigScience's search for BLOOM's layout (labkit.field_bloom: seconds per iteration,
-predicted / measured) and the published runs (predicted / reported TFLOP/s per GPU).
+The Ultra-Scale Playbook's sweep (labkit.field): Spearman of predicted vs measured tokens/s per
+GPU within each (model, nodes) group, fits vs ran/crashed, the median predicted / measured
+(issue 31's reach: median Spearman >= 0.7 with >= 80 % of groups >= 0.5, fits >= 85 %, median
+ratio 0.8-1.25 with >= 50 % within 25 %). Then BigScience's layout search (labkit.field_bloom,
+seconds per iteration) and the published runs (predicted / reported TFLOP/s per GPU).
 """
 from __future__ import annotations
 

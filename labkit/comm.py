@@ -167,7 +167,7 @@ class StepComm:
                    for c in self.collectives)
 
 
-STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "tp", "pp", "cp")
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "tp", "pp", "cp", "ep")
 RECOMPUTE = ("none", "selective", "full")
 
 
@@ -175,7 +175,7 @@ def step_communication(strategy, model=None, num_params=None, dp=1, tp=1, pp=1, 
                        batch_size=1, seq_len=None, microbatches=1, sequence_parallel=False,
                        recompute="none", param_bytes=4, grad_bytes=4, activation_bytes=2,
                        units=None, reshard_after_forward=True, chunks=1,
-                       sp_regather=False) -> StepComm:
+                       sp_regather=False, ep=1, capacity_factor=None) -> StepComm:
     """What one rank communicates in one training step under `strategy` (the busiest rank).
 
     Data parallel (group dp; Psi = parameters this rank's replica holds, i.e. / (tp x pp)):
@@ -212,7 +212,13 @@ def step_communication(strategy, model=None, num_params=None, dp=1, tp=1, pp=1, 
     - "cp": ring attention (Liu et al. 2023; Megatron-LM context parallelism): per layer and
       micro-batch, cp - 1 send_recv of this rank's K and V blocks in the forward, and in the
       backward cp - 1 of K, V plus cp - 1 of dK, dV; each 2 x b x (s/cp) x kv_size/tp x bytes.
-    Gradient reduction across dp is not part of "tp", "pp" or "cp"; add "ddp" or "zero*".
+    Expert parallel (group ep; a mixture-of-experts model):
+    - "ep": per MoE layer and micro-batch, an all_to_all dispatching each token to its k
+      experts' ranks and one combining the results back in the forward, and the two again for
+      their gradients in the backward (4; 6 with recompute="full"). Each is this rank's send
+      buffer: its tokens (b x s/cp, / tp with sequence parallelism) x k x capacity_factor
+      (None: 1) x h x activation_bytes; a share (ep-1)/ep of it leaves the rank.
+    Gradient reduction across dp is not part of "tp", "pp", "cp" or "ep"; add "ddp" or "zero*".
     """
     from labkit.memory import stage_params
     from labkit.models import get_model
@@ -289,6 +295,24 @@ def step_communication(strategy, model=None, num_params=None, dp=1, tp=1, pp=1, 
             sends = _pp_sends_per_rank(pp, v) * m
             size = sbh / tp if (sequence_parallel and tp > 1) else sbh
             add(Collective("send_recv", sends, size, 2, "activations and their gradients"))
+    elif strategy == "ep":
+        e = validate.positive_int("ep", ep, validate.MAX_RANKS)
+        if not spec.is_moe:
+            raise ValueError(f"strategy='ep' needs a mixture-of-experts model; {spec.name} is "
+                             "dense (num_experts=0)")
+        validate.divides("ep", e, "num_experts", spec.num_experts)
+        cf = 1.0 if capacity_factor is None else validate.at_least(
+            "capacity_factor", capacity_factor, 1e-3, 1e3)
+        if e > 1:
+            from labkit.placement import stage_expert_params
+
+            per_layer = spec.num_experts * spec.expert_params()
+            moe_layers = round(max(stage_expert_params(spec, pp)) / per_layer)
+            tokens = b * (s // cp) / (tp if sequence_parallel and tp > 1 else 1)
+            size = tokens * spec.experts_per_token * cf * spec.hidden_size * ab
+            passes = 6 if recompute == "full" else 4
+            add(Collective("all_to_all", passes * moe_layers * m, size, e,
+                           "dispatch and combine, forward and backward"))
     elif strategy == "cp":
         if cp > 1:
             kv = 2 * b * (s // cp) * spec.kv_size / tp * ab

@@ -197,7 +197,7 @@ class LayerTime:
 
 def layer_seconds(model, gpu, *, tokens, seq_len, tp=1, cp=1, sequence_parallel=False,
                   recompute="none", framework="megatron", efficiency=None, dtype="bf16",
-                  value_bytes=2, attention="flash") -> LayerTime:
+                  value_bytes=2, attention="flash", ep=1, capacity_factor=None) -> LayerTime:
     """One transformer layer on one GPU: `tokens` = b x seq_len / cp tokens of this rank,
     weights split over tp. Forward matmuls (m = tokens): QKV, output, MLP in (gate and up),
     MLP out; backward: each one's input gradient and weight gradient (same FLOPs, transposed
@@ -207,21 +207,58 @@ def layer_seconds(model, gpu, *, tokens, seq_len, tp=1, cp=1, sequence_parallel=
     per head on the matmul roofline, over the whole s x s scores, and the softmax, mask and
     dropout at HBM bandwidth (`SCORE_BYTES` per score). Elementwise:
     `ELEMENTWISE`, h-wide traffic split over tp only with sequence parallelism. recompute
-    "full" adds the forward again, "selective" the attention forward."""
+    "full" adds the forward again, "selective" the attention forward.
+
+    A mixture of experts (an MoE layer; an MoE model's few dense layers are priced as MoE
+    ones): the router, the shared experts as a dense MLP, and the routed experts as grouped
+    GEMMs (one launch per kind): this rank's tokens (/ tp: sequence parallelism splits them
+    before dispatch) x k x capacity_factor spread evenly over its num_experts / ep experts, so
+    each expert's GEMMs shrink as ep grows; plus the permutation copies at HBM bandwidth.
+    Multi-head latent attention: its low-rank q and kv projections."""
     spec, g = get_model(model), get_gpu(gpu)
     fw = framework if isinstance(framework, Framework) else FRAMEWORKS[
         validate.choice("framework", framework, FRAMEWORKS)]
     attention_share = facts_for(g).attention * SUSTAINED
     h, q, kv, f = spec.hidden_size, spec.q_size, spec.kv_size, spec.ffn_size
     T, b = tokens, tokens * cp / seq_len
-    shapes = [(h, (q + 2 * kv) / tp), (q / tp, h), (h, (2 if spec.gated_mlp else 1) * f / tp),
-              (f / tp, h)]
+    if spec.mla:
+        q_lora, kv_lora, nope, rope, v = spec.mla
+        a_ = spec.num_heads
+        shapes = ([(h, q_lora), (q_lora, a_ * (nope + rope) / tp)] if q_lora else
+                  [(h, a_ * (nope + rope) / tp)])
+        shapes += [(h, kv_lora + rope), (kv_lora, a_ * (nope + v) / tp), (a_ * v / tp, h)]
+    else:
+        shapes = [(h, (q + 2 * kv) / tp), (q / tp, h)]
+    moe = spec.is_moe
+    if moe:
+        f = spec.expert_ffn * spec.shared_experts      # the shared experts, a dense MLP
+        shapes += [(h, 2 * f / tp), (f / tp, h)] if f else []
+        shapes += [(h, spec.num_experts)]              # the router
+    else:
+        shapes += [(h, (2 if spec.gated_mlp else 1) * f / tp), (f / tp, h)]
 
     def gemm(m, n, k):
         return gemm_seconds(m, n, k, g, efficiency, dtype, value_bytes)
 
     fwd = sum(gemm(T, n, k) for k, n in shapes)
     bwd = sum(gemm(T, k, n) + gemm(k, n, T) for k, n in shapes)
+    routed = 0.0
+    if moe:
+        local = spec.num_experts / ep
+        assigned = T / tp * spec.experts_per_token * (capacity_factor or 1.0)
+        m_e, fe = assigned / local, spec.expert_ffn
+
+        def grouped(m, n, k):                          # `local` experts in one launch
+            return local * (gemm(m, n, k) - KERNEL_LATENCY) + KERNEL_LATENCY
+
+        e_fwd = grouped(m_e, 2 * fe, h) + grouped(m_e, h, fe)
+        e_bwd = (grouped(m_e, h, 2 * fe) + grouped(h, 2 * fe, m_e) + grouped(m_e, fe, h)
+                 + grouped(fe, h, m_e))
+        # permute / unpermute, forward and backward: the k copies of each token's h values
+        permute = 4 * 2 * assigned * h * value_bytes / g.memory_bandwidth
+        fwd, bwd = fwd + e_fwd, bwd + e_bwd
+        routed = fe * spec.experts_per_token * (capacity_factor or 1.0) / tp
+        f = spec.expert_ffn * spec.shared_experts
     if attention == "flash":
         # each of the cp ring steps runs the kernel on a block of seq_len / cp keys
         attn_fwd = (2 * b * seq_len ** 2 * q / (cp * tp)
@@ -238,8 +275,10 @@ def layer_seconds(model, gpu, *, tokens, seq_len, tp=1, cp=1, sequence_parallel=
         attn_all = 3 * one + scores
     ch, cq, cf, ct = ELEMENTWISE[fw.kernels]
     whole = tp if sequence_parallel else 1
-    ew_fwd = T * (ch * h / whole + cq * (q + kv) / tp + cf * f / tp
+    ew_fwd = T * (ch * h / whole + cq * (q + kv) / tp + cf * (f / tp + routed)
                   + ct * (q + 2 * kv) / tp) / g.memory_bandwidth
+    if moe:
+        ew_fwd += permute / 3
     extra = {"none": (0, 0, 0), "selective": (0, attn_fwd, 0),
              "full": (fwd, attn_fwd, ew_fwd)}[validate.choice("recompute", recompute,
                                                               ("none", "selective", "full"))]

@@ -87,6 +87,7 @@ class Layout:
     chunks: int = 1                 # model chunks per stage (interleaved 1F1B)
     reshard_after_forward: bool = True      # FSDP: False keeps each unit gathered until backward
     uneven: bool = False            # first / last stage: one layer fewer (embedding, output)
+    ep: int = 1                     # expert parallelism (an MoE model): within tp x cp x dp
 
     @property
     def gpus(self) -> int:
@@ -97,7 +98,8 @@ class Layout:
         v = f" v={self.chunks}" if self.chunks > 1 else ""
         keep = " no-reshard" if self.sharding == "fsdp" and not self.reshard_after_forward else ""
         v += " uneven" if self.uneven and self.pp > 1 else ""
-        return (f"tp={self.tp}{sp} pp={self.pp}{v} dp={self.dp} cp={self.cp} {self.sharding}"
+        ep = f" ep={self.ep}" if self.ep > 1 else ""
+        return (f"tp={self.tp}{sp} pp={self.pp}{v} dp={self.dp} cp={self.cp}{ep} {self.sharding}"
                 f"{keep} b={self.micro_batch} recompute={self.recompute}")
 
 
@@ -216,7 +218,7 @@ class Plan:
 
     def table(self, top: int = 10) -> str:
         """The `top` fastest layouts with their step-time breakdown ("8u": 8 uneven stages)."""
-        head = (f"{'#':>3} {'tp':>3} {'sp':>2} {'pp':>4} {'v':>2} {'dp':>5} {'cp':>3} "
+        head = (f"{'#':>3} {'tp':>3} {'sp':>2} {'pp':>4} {'v':>2} {'dp':>5} {'cp':>3} {'ep':>3} "
                 f"{'sharding':>8} {'b':>2} {'m':>4} {'recompute':>9} {'GB':>6} {'step s':>8} "
                 + " ".join(f"{p[:7]:>7}" for p in PARTS)
                 + f" {'tok/s':>10} {'TF/GPU':>6} {'MFU%':>5}")
@@ -226,7 +228,7 @@ class Plan:
             lines.append(
                 f"{k:>3} {lay.tp:>3} {'y' if lay.sequence_parallel else '-':>2} "
                 f"{str(lay.pp) + ('u' if lay.uneven and lay.pp > 1 else ''):>4} "
-                f"{lay.chunks:>2} {lay.dp:>5} {lay.cp:>3} {_sharding(lay):>8} "
+                f"{lay.chunks:>2} {lay.dp:>5} {lay.cp:>3} {lay.ep:>3} {_sharding(lay):>8} "
                 f"{lay.micro_batch:>2} {e.microbatches:>4} {lay.recompute:>9} "
                 f"{e.memory / GB:>6.1f} {e.step_time:>8.3f} "
                 + " ".join(f"{bd[p]:>7.3f}" for p in PARTS)
@@ -279,7 +281,7 @@ class Comparison:
 
 _LAYOUT_KEYS = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "b": "micro_batch",
                 "micro_batch": "micro_batch", "v": "chunks", "chunks": "chunks",
-                "recompute": "recompute", "sharding": "sharding"}
+                "recompute": "recompute", "sharding": "sharding", "ep": "ep"}
 
 
 def parse_layout(text: str) -> Layout:
@@ -310,8 +312,8 @@ def parse_layout(text: str) -> Layout:
                 raise ValueError(f"layout: {word!r} needs a whole number") from None
         else:
             raise ValueError(f"layout: {word!r} is not understood; allowed: tp=, pp=, dp=, cp=, "
-                             f"b=, v=, recompute=, a sharding ({', '.join(SHARDING)}), "
-                             "no-reshard (FSDP), sp, uneven (pipeline)")
+                             f"b=, v=, ep= (experts), recompute=, a sharding "
+                             f"({', '.join(SHARDING)}), no-reshard (FSDP), sp, uneven (pipeline)")
     return _check_layout(Layout(**kw))
 
 
@@ -391,6 +393,14 @@ def degree_problem(spec, lay: Layout, gpus_per_node: int, seq_len: int,
     if lay.sequence_parallel and (t == 1 or (s // lay.cp) % t):
         return (f"divisibility: sequence parallelism needs tp > 1 dividing seq_len / cp = "
                 f"{s // lay.cp:,}; tp={t}")
+    if lay.ep > 1:
+        if not spec.is_moe:
+            return f"ep: ep={lay.ep} needs a mixture of experts; {spec.name} is dense"
+        if spec.num_experts % lay.ep:
+            return f"divisibility: ep={lay.ep} does not divide num_experts={spec.num_experts}"
+        if (t * lay.cp * lay.dp) % lay.ep:
+            return (f"divisibility: ep={lay.ep} does not divide tp x cp x dp = "
+                    f"{t * lay.cp * lay.dp} (the expert layers reuse those ranks)")
     return None
 
 
@@ -422,7 +432,7 @@ def _price(pricer, lay: Layout, inputs, time_rejected=True) -> tuple[Estimate | 
 def _check_layout(lay: Layout) -> Layout:
     if not isinstance(lay, Layout):
         raise ValueError(f"layout={validate.describe(lay)} must be a labkit.planner.Layout")
-    for name in ("tp", "pp", "dp", "cp", "micro_batch", "chunks"):
+    for name in ("tp", "pp", "dp", "cp", "micro_batch", "chunks", "ep"):
         validate.positive_int(f"layout.{name}", getattr(lay, name), validate.MAX_RANKS)
     validate.choice("layout.sharding", lay.sharding, SHARDING)
     validate.choice("layout.recompute", lay.recompute, RECOMPUTE)
@@ -521,7 +531,12 @@ def plan(model, gpus, gpu="h100-sxm", gpus_per_node=8, global_batch=None, seq_le
                         f"batch: global_batch={inputs['global_batch']:,} is not divisible by "
                         f"dp={dp:,}")))
                     continue
-                _levers(pricer, base, sizes, inputs, out, spec, top_v, modes, sps, shards)
+                # expert parallelism (an MoE model): every ep that divides the experts and
+                # the tp x cp x dp ranks the expert layers reuse
+                for ep in (validate.divisors(spec.num_experts) if spec.is_moe else [1]):
+                    if (tp * cp * dp) % ep == 0:
+                        _levers(pricer, replace(base, ep=ep), sizes, inputs, out, spec, top_v,
+                                modes, sps, shards)
     # at the same step time (4 significant digits), the fewest model-parallel ranks (less to
     # set up and to go wrong), then the least memory; CP ranked as if CP_PREMIUM slower
     out.ranked.sort(key=rank_key)

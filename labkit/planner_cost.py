@@ -27,7 +27,7 @@ from labkit.precision import gradient_bytes
 SHARDING = {"ddp": (0, "ddp"), "zero1": (1, "zero1"), "zero2": (2, "zero2"), "fsdp": (3, "fsdp")}
 AXES = ("tp", "cp", "dp", "pp")          # rank order, innermost first (Megatron-LM's tp-cp-dp-pp)
 # the parts of a step's time (`Pricer.time`), in the order tables print them
-PARTS = ("compute", "host", "tp", "cp", "pp", "dp", "optimizer", "bubble")
+PARTS = ("compute", "host", "tp", "cp", "ep", "pp", "dp", "optimizer", "bubble")
 
 
 class Pricer:
@@ -70,17 +70,18 @@ class Pricer:
             return [t - st for t, st in zip(one, self.states(tp, pp, "ddp", 1, uneven))]
         return self._memo(("act", tp, pp, cp, sp, recompute, uneven), make)
 
-    def states(self, tp, pp, sharding, group, uneven=False) -> list[float]:
+    def states(self, tp, pp, sharding, group, uneven=False, ep=1) -> list[float]:
         """Model-state bytes per stage (plus FSDP's gathered unit) of one GPU: GPipe estimates
         at m = 1 and m = 2 differ by one micro-batch's activations; the rest is the states."""
         def make():
             zero = SHARDING[sharding][0]
             kw = dict(tp=tp, pp=pp, cp=1, recompute="full", sequence_parallel=False,
                       zero_stage=zero, dp=group,
-                      largest_layer=self.unit_params(tp) if zero == 3 else None, uneven=uneven)
+                      largest_layer=self.unit_params(tp) if zero == 3 else None, uneven=uneven,
+                      ep=ep)
             one, two = (self._per_stage(microbatches=k, **kw) for k in (1, 2))
             return [2 * a - b for a, b in zip(one, two)]
-        return self._memo(("states", tp, pp, sharding, group, uneven), make)
+        return self._memo(("states", tp, pp, sharding, group, uneven, ep), make)
 
     def unit_params(self, tp) -> float:
         """Parameters of the unit FSDP gathers at once on one TP rank: one transformer layer."""
@@ -104,7 +105,7 @@ class Pricer:
         `labkit.pipeline.activation_in_flight` (1F1B, GPipe or interleaved).
         tests/cost/test_planner.py checks the composition against estimate_memory on random
         layouts."""
-        states = self.states(lay.tp, lay.pp, lay.sharding, lay.dp * lay.cp, lay.uneven)
+        states = self.states(lay.tp, lay.pp, lay.sharding, lay.dp * lay.cp, lay.uneven, lay.ep)
         act = self.activations(lay.tp, lay.pp, lay.cp, lay.sequence_parallel, lay.recompute,
                                lay.uneven)
         held = self._memo(("held", self.schedule_of(lay), lay.pp, m, lay.chunks),
@@ -115,7 +116,7 @@ class Pricer:
             # every unit stays gathered from its forward to its backward
             group = lay.dp * lay.cp
             gathered = [self.bytes["param_bytes"] * n * (1 - 1 / group)
-                        for n in self.stage_params(lay.tp, lay.pp, lay.uneven)]
+                        for n in self.stage_params(lay.tp, lay.pp, lay.uneven, lay.ep)]
         # the loss's transient peak on the last stage (`labkit.kernels.LOSS_PEAK_BYTES`), and
         # FSDP's gathered units without resharding: not what estimate_memory counts
         gathered[-1] += transient * (lay.micro_batch * self.s / lay.cp * self.spec.vocab_size / lay.tp
@@ -133,12 +134,14 @@ class Pricer:
 
     def links(self, lay) -> dict:
         """Every axis's link (`link`), for this layout's degrees."""
-        key = ("links", lay.tp, lay.cp, lay.dp, lay.pp)
+        key = ("links", lay.tp, lay.cp, lay.dp, lay.pp, lay.ep)
         if key not in self._cache:
             out, span = {}, 1
             for a in AXES:
                 span *= getattr(lay, a)
                 out[a] = self.intra if span <= self.gpn else self.inter
+            # expert groups: ep consecutive ranks of the tp x cp x dp ones (expert TP = 1)
+            out["ep"] = self.intra if self.gpn % lay.ep == 0 else self.inter
             self._cache[key] = out
         return self._cache[key]
 
@@ -171,14 +174,16 @@ class Pricer:
 
     def kernels(self, lay) -> tuple:
         """(one layer, the head): `labkit.kernels` seconds for one micro-batch on one GPU."""
-        key = ("kernels", lay.tp, lay.cp, lay.sequence_parallel, lay.recompute, lay.micro_batch)
+        key = ("kernels", lay.tp, lay.cp, lay.sequence_parallel, lay.recompute, lay.micro_batch,
+               lay.ep)
 
         def make():
             tokens = lay.micro_batch * self.s / lay.cp
             kw = dict(framework=self.framework, efficiency=self.mfu, dtype=self.dtype)
             return (layer_seconds(self.spec, self.gpu, tokens=tokens, seq_len=self.s, tp=lay.tp,
                                   cp=lay.cp, sequence_parallel=lay.sequence_parallel,
-                                  recompute=lay.recompute, attention=self.attention, **kw),
+                                  recompute=lay.recompute, attention=self.attention,
+                                  ep=lay.ep, **kw),
                     head_seconds(self.spec, self.gpu, tokens=tokens, tp=lay.tp, **kw))
         return self._memo(key, make)
 
@@ -195,6 +200,9 @@ class Pricer:
           where NCCL has both), on the critical path. cp: the K/V ring passes, hidden behind
           the attention of the blocks already received: exposed = max(0, passes - attention x
           (cp - 1) / cp).
+        - ep (a mixture of experts): the dispatch and combine all-to-alls
+          (`labkit.comm.step_communication("ep")`) on the critical path, none hidden (DualPipe
+          style overlap is not priced).
         - host: the framework's launch time per layer (`labkit.kernels.FRAMEWORKS`); a
           micro-batch takes max(device, host): the part of the host time not covered (all of
           it where the framework's launches block: device + host).
@@ -219,12 +227,15 @@ class Pricer:
         tp = self._axis("tp", lay, self.link(lay, "tp"))
         cp = max(0.0, self._axis("cp", lay, self.link(lay, "cp"))
                  - full * layer.attention * (lay.cp - 1) / lay.cp)
-        device = stage + tp + cp
+        ep = (self._axis("ep", lay, self.link(lay, "ep"), ep=lay.ep)
+              if self.spec.is_moe and lay.ep > 1 else 0.0)
+        device = stage + tp + cp + ep
         fw = FRAMEWORKS[self.framework]
         wait = fw.pp_tp_wait * lay.tp if lay.pp > 1 and lay.tp > 1 else 0.0
         host = full * layer.host + wait
         host = host if fw.blocking else max(0.0, host - device)
-        out = {"compute": m * stage, "host": m * host, "tp": m * tp, "cp": m * cp}
+        out = {"compute": m * stage, "host": m * host, "tp": m * tp, "cp": m * cp,
+               "ep": m * ep}
         out["pp"] = m * self._axis("pp", lay, self.link(lay, "pp"), chunks=lay.chunks)
         strategy = SHARDING[lay.sharding][1]
         dp_link = self.link(lay, "dp")
@@ -259,15 +270,16 @@ class Pricer:
             window = {"ddp": backward / m, "zero1": backward / m, "zero2": backward,
                       "fsdp": out["compute"]}[lay.sharding]
             out["dp"] = max(0.0, dp - window)
-        held = max(self.stage_params(lay.tp, lay.pp, lay.uneven))
+        held = max(self.stage_params(lay.tp, lay.pp, lay.uneven, lay.ep))
         out["optimizer"] = optimizer_seconds(
             held / (1 if lay.sharding == "ddp" else lay.dp * lay.cp), self.gpu)
         relative = (bubble_formula(self.schedule_of(lay), lay.pp, m, lay.chunks,
                                    divisible=False)[1]
                     if lay.pp > 1 else 0.0)
-        out["bubble"] = relative * (out["compute"] + out["host"] + out["tp"] + out["cp"])
+        out["bubble"] = relative * (out["compute"] + out["host"] + out["tp"] + out["cp"]
+                                    + out["ep"])
         return out
 
-    def stage_params(self, tp, pp, uneven=False) -> list[float]:
-        return self._memo(("params", tp, pp, uneven),
-                          lambda: stage_params(self.spec, tp, pp, uneven))
+    def stage_params(self, tp, pp, uneven=False, ep=1) -> list[float]:
+        return self._memo(("params", tp, pp, uneven, ep),
+                          lambda: stage_params(self.spec, tp, pp, uneven, ep=ep))

@@ -12,10 +12,11 @@ from labkit.plots import GB, new_figure
 
 # the parts of Estimate.breakdown, in the order they are stacked, with their colours
 PARTS = {"compute": "#4c72b0", "host": "#8c8c8c", "tp": "#dd8452", "cp": "#8172b3",
-         "pp": "#937860", "dp": "#55a868", "optimizer": "#da8bc3", "bubble": "#c44e52"}
+         "ep": "#ccb974", "pp": "#937860", "dp": "#55a868", "optimizer": "#da8bc3",
+         "bubble": "#c44e52"}
 LABELS = {"compute": "compute", "host": "host-bound wait", "tp": "TP comm",
-          "cp": "CP comm (exposed)", "pp": "PP sends", "dp": "DP comm (exposed)",
-          "optimizer": "optimizer step", "bubble": "pipeline bubble"}
+          "cp": "CP comm (exposed)", "ep": "EP all-to-all", "pp": "PP sends",
+          "dp": "DP comm (exposed)", "optimizer": "optimizer step", "bubble": "pipeline bubble"}
 
 
 def layout_label(layout) -> str:

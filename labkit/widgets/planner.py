@@ -38,9 +38,9 @@ def published_choices() -> list[str]:
     return [n for n, r in field.published_runs().items()
             if isinstance(r.model, str) and r.model in PRESETS]
 RANGES = {"mfu": MFU_RANGE}
-HEADER = ["#", "dp", "tp", "pp", "v", "cp", "sharding", "b", "m", "recompute", "step s",
-          "compute", "host", "tp comm", "cp comm", "pp sends", "dp comm", "optimizer", "bubble",
-          "GB/GPU", "tokens/s", "MFU %"]
+HEADER = ["#", "dp", "tp", "pp", "v", "cp", "ep", "sharding", "b", "m", "recompute", "step s",
+          "compute", "host", "tp comm", "cp comm", "ep all-to-all", "pp sends", "dp comm",
+          "optimizer", "bubble", "GB/GPU", "tokens/s", "MFU %"]
 
 
 @functools.lru_cache(maxsize=16)
@@ -185,7 +185,7 @@ class PlannerCalculator(Calculator):
             lay, bd = e.layout, e.breakdown
             rows.append([k, f"{lay.dp:,}", f"{lay.tp}{'+sp' if lay.sequence_parallel else ''}",
                          f"{lay.pp}{'u' if lay.uneven and lay.pp > 1 else ''}", lay.chunks,
-                         lay.cp, _sharding(lay), lay.micro_batch,
+                         lay.cp, lay.ep, _sharding(lay), lay.micro_batch,
                          f"{e.microbatches:,}", lay.recompute, f"{e.step_time:,.3f}"]
                         + [f"{bd[part]:,.3f}" for part in PARTS]
                         + [f"{e.memory / GB:,.1f}", f"{e.tokens_per_second:,.0f}",

@@ -115,3 +115,34 @@ def test_ep_all_to_all_by_hand_and_on_each_link():
     assert step_communication("ep", spec, ep=1, seq_len=4096).collectives == []
     with pytest.raises(ValueError, match="dense"):
         step_communication("ep", "llama3-8b", ep=2)
+
+
+def test_the_planner_prices_an_ep_axis():
+    from labkit.kernels import layer_seconds
+    from labkit.planner import Layout, degree_problem, evaluate, parse_layout, plan
+
+    lay = Layout(dp=64, ep=8, sharding="fsdp")
+    assert "ep=8" in str(lay) and parse_layout(str(lay)) == lay
+    kw = dict(gpu="h100-sxm", global_batch=512, seq_len=4096)
+    inside, across = (evaluate("mixtral-8x7b", Layout(dp=64, ep=e, sharding="fsdp"), **kw)
+                      for e in (8, 2))
+    assert "NVLink" in inside.links["ep"] and inside.breakdown["ep"] > 0
+    # experts split 8 ways hold less than split 2 ways (their states shard over edp = 64 / ep
+    # either way under FSDP, so compare without sharding)
+    a, b = (evaluate("mixtral-8x7b", Layout(dp=8, ep=e), **{**kw, "global_batch": 64})
+            for e in (2, 8))
+    assert b.memory < a.memory
+    # DeepSeek-V3's experts across nodes: the all-to-all on InfiniBand
+    wide = evaluate("deepseek-v3", Layout(pp=16, dp=128, ep=64, sharding="zero1"),
+                    global_batch=4096, seq_len=4096)
+    assert "InfiniBand" in wide.links["ep"] and wide.breakdown["ep"] > 1.0
+    # more experts per rank: each expert's GEMMs see fewer tokens, and run slower per FLOP
+    few, many = (layer_seconds("deepseek-v3", "h100-sxm", tokens=4096, seq_len=4096, ep=e)
+                 for e in (64, 1))
+    assert many.matmul > few.matmul
+    assert degree_problem(get_model("llama3-8b"), Layout(dp=8, ep=2), 8, 4096).startswith("ep")
+    assert "does not divide num_experts" in degree_problem(
+        get_model("mixtral-8x7b"), Layout(dp=16, ep=16), 8, 4096)
+    p = plan("mixtral-8x7b", 16, **{**kw, "global_batch": 64})
+    assert {e.layout.ep for e in p.ranked} >= {1, 2, 4, 8} and p.best.layout.ep > 1
+    assert all(e.layout.ep == 1 for e in plan("llama3-8b", 8, **{**kw, "global_batch": 64}).ranked)

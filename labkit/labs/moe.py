@@ -3,19 +3,11 @@ whose MoE blocks run expert-parallel by hand (labkit.parallel.expert), against o
 
     labkit run moe -n 4                                   # every part, EP = 4 and EP 2 x DP 2
     labkit run moe -n 4 -- --part balance --steps 300     # one part
-    torchrun --nproc-per-node 4 -m labkit.labs.moe
 
-Parts (each reported per rank, measured beside predicted):
-- parity: loss and every gradient equal one process on the whole batch (EP = world: experts
-  split over all ranks, dense layers data-parallel; EP = 2 x EDP = 2 on 4 ranks: experts split
-  in pairs, their gradients all-reduced over the expert-data-parallel pairs); the all-to-all
-  bytes of one step against `labkit.comm.step_communication("ep")` plus the counts exchanges.
-- balance: tokens per expert each step (max / mean) over a training run without and with the
-  auxiliary loss (Switch / GShard), on a synthetic language where some tokens are common.
-- capacity: dropped assignments for several capacity factors, against the router's own counts
-  (sum over experts of max(0, count - capacity)) and against a perfectly balanced router.
-- time: one step split into the all-to-alls, the rest of the MoE blocks (routing, experts) and
-  everything else, median and spread over steps (CPU timings, not a GPU prediction).
+Parts, measured beside predicted: parity (loss and gradients vs one process, all-to-all bytes
+vs labkit.comm), balance (tokens per expert while training, without / with the auxiliary
+loss), capacity (dropped assignments vs the router's counts), time (all-to-all vs the rest of
+the MoE blocks, CPU). Each part's function says what it does.
 """
 from __future__ import annotations
 

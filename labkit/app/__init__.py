@@ -55,6 +55,9 @@ CALCULATORS = [
     Entry("pipeline", "Pipeline", "pipeline", "PipelineCalculator",
           "How big is the bubble of a pipeline schedule (GPipe, 1F1B, interleaved, zero-bubble), "
           "and how many micro-batches are in flight?"),
+    Entry("moe", "MoE", "moe", "MoECalculator",
+          "How much memory per GPU does a mixture of experts take under expert parallelism, "
+          "how few of its parameters does a token use, and what do its all-to-alls cost?"),
     Entry("planner", "Planner", "planner", "PlannerCalculator",
           "Which layout (dp, tp, pp, cp, ZeRO stage, micro-batch, recomputation) trains a model "
           "fastest on a cluster, and why are the others rejected?"),
@@ -76,7 +79,7 @@ class CalculatorsApp:
     """One tab per calculator in `CALCULATORS`, each headed by the one question it answers;
     `widget` is what the page shows. A tab's calculator is built the first time the tab is
     selected (`calculator(key)` builds it too; the first tab's at start-up), so the page comes
-    up in the time one calculator takes, not all ten (about 14 s on 2 cores). One that fails to
+    up in the time one calculator takes, not all eleven (about 14 s on 2 cores). One that fails to
     build shows the message in its tab, never a traceback."""
 
     def __init__(self, selected: str = KEYS[0]):

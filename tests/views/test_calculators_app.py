@@ -250,6 +250,7 @@ CHANGES = {
     "checkpoint": ("gpus", "16000"),
     "tp": ("tp", "4"),
     "pipeline": ("microbatches", "16"),
+    "moe": ("batch_size", "4"),
     "planner": ("gpus", "128"),
 }
 # Where each tab shows its result: a verdict line, or (checkpoints) a table.

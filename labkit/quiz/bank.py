@@ -227,6 +227,9 @@ class Attempt:
                                f"expected {want}, e.g. {fmt(1.5)} {self.unit}".rstrip()
                                + f"; got {text!r}", readable=False)
             given, unit = float(m.group(1)), m.group(2) or self.unit
+            if unit and not self.unit:
+                return Verdict(False, self.expected, text, "this answer has no unit; write "
+                               f"just the number, not {unit!r}", readable=False)
         try:
             given = convert(given, unit, self.unit) if self.unit else given
         except ValueError as err:

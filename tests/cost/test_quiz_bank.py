@@ -470,3 +470,16 @@ def test_render_errors_name_the_question(tmp_path):
     (q,) = load_bank(path)
     with pytest.raises(ValueError, match=r"r.yaml: my-question: cannot render .*KeyError 'answr'"):
         q.draw(0)
+
+
+def test_a_unit_on_a_unitless_answer_is_refused_not_scored():
+    """'12 parsecs' to a question with no unit is a misread answer, not 12 (a unitless
+    answer used to accept any trailing word)."""
+    from labkit.quiz.bank import load_bank
+
+    unitless = [q for q in load_bank() if q.kind == "numeric" and not q.unit]
+    assert unitless, "the bank has a unitless numeric question to check this on"
+    a = unitless[0].draw(0)
+    v = a.check(f"{a.expected} parsecs")
+    assert not v.correct and not v.readable and "has no unit" in v.message
+    assert a.check(str(a.expected)).correct

@@ -70,6 +70,7 @@ COURSE_LABS: tuple[LabRun, ...] = (
     LabRun("threed:ppdp", "08", "threed", 4, ("--part", "ppdp")),
     LabRun("threed:3d", "08", "threed", 8, ("--part", "3d")),
     LabRun("threed:cp", "08", "threed", 2, ("--part", "cp")),
+    LabRun("moe", "10", "moe", 4, ("--steps", "60"), preflight=True),
 )
 _BY_NAME = {r.name: r for r in COURSE_LABS}
 
@@ -90,7 +91,7 @@ def select_labs(spec: str | None = None, quick: bool = False) -> list[LabRun]:
                 labs = sorted({r.lab for r in COURSE_LABS})
                 raise ValueError(
                     f"labs={spec!r}: {word!r} is not a course lab; allowed: 'all', a lab "
-                    f"({', '.join(labs)}), a module (00 to 08) or a run "
+                    f"({', '.join(labs)}), a module (00 to 10) or a run "
                     f"({', '.join(r.name for r in COURSE_LABS if ':' in r.name)})")
             names.update(hits)
         chosen = [r for r in COURSE_LABS if r.name in names]

@@ -421,6 +421,112 @@ def _relative_min_microbatches(stages, target, chunks=1) -> int:
     return pipeline.min_microbatches(stages, target, schedule, v=chunks, relative=True)
 
 
+# ----------------------------------------------------------------------- 10 mixture of experts
+
+ROUTING = ("probs", "indices", "weights", "tokens_per_expert", "aux_loss")
+
+
+def top_k_route(x, gate_weight, k) -> dict:
+    """labkit's TopKRouter (softmax over the experts, the k most probable kept, their weights
+    rescaled to sum to 1; the Switch / GShard auxiliary loss) with `gate_weight` (E, h) as its
+    gate, on x (T, h), in gate_weight's dtype: {"probs" (T, E), "indices" (T, k), "weights"
+    (T, k), "tokens_per_expert" (E,), "aux_loss": a float}."""
+    import torch
+
+    from labkit.parallel.expert import TopKRouter
+
+    num_experts, hidden = gate_weight.shape
+    router = TopKRouter(hidden, num_experts, k).to(gate_weight.dtype)
+    with torch.no_grad():
+        router.gate.weight.copy_(gate_weight)
+        r = router(x.to(gate_weight.dtype))
+    return {"probs": r.probs, "indices": r.indices, "weights": r.weights,
+            "tokens_per_expert": r.tokens_per_expert, "aux_loss": float(r.aux_loss)}
+
+
+def _shape_of(value):
+    """What the structure check compares of one part: a tensor's shape, "a number" for a number
+    or a one-element tensor, else the type's name."""
+    if isinstance(value, bool):
+        return "a bool"
+    if isinstance(value, (int, float)):
+        return "a number"
+    shape = getattr(value, "shape", None)
+    if shape is not None and hasattr(value, "numel"):
+        return "a number" if len(shape) == 0 else tuple(int(n) for n in shape)
+    return f"a {type(value).__name__}"
+
+
+def routing_shapes(fn):
+    """`fn` (a top_k_route: the learner's or the reference) returning only what its result holds:
+    {part: its shape, or "a number"} for a dict, else what it is; the first check compares that
+    (the parts' values come next, each with its own check)."""
+    def shapes(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        if not isinstance(out, dict):
+            return f"a {type(out).__name__}, not a dict of {', '.join(ROUTING)}"
+        return {str(key): _shape_of(value) for key, value in out.items()}
+    _named_as(shapes, fn)
+    return shapes
+
+
+def _named_as(wrapper, fn) -> None:
+    """`fn`'s name and doc on `wrapper` (not functools.wraps: `__wrapped__` would hand out `fn`,
+    a guarded reference's original: labkit.course.forbid)."""
+    for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
+        if hasattr(fn, attr):
+            setattr(wrapper, attr, getattr(fn, attr))
+
+
+def permute_to_expert_major(tokens_per_expert_group, ep_size) -> tuple:
+    """labkit.parallel.expert.permute_to_expert_major: (indices, tokens_per_expert)."""
+    from labkit.parallel import expert
+
+    return expert.permute_to_expert_major(tokens_per_expert_group, ep_size)
+
+
+def _as_list(value):
+    if hasattr(value, "tolist") and callable(value.tolist):
+        return value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [_as_list(v) for v in value]
+    return value
+
+
+def as_lists(fn):
+    """`fn` (a permute_to_expert_major: the learner's or the reference) returning its two parts
+    as lists of numbers (tensors or lists alike), which the check compares."""
+    def listed(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        return tuple(_as_list(v) for v in out) if isinstance(out, (tuple, list)) else \
+            _as_list(out)
+    _named_as(listed, fn)
+    return listed
+
+
+def all_to_all_bytes(tokens, k, hidden, bytes_per_value, capacity_factor=None) -> float:
+    """Bytes of one rank's all-to-all buffers in one MoE layer, forward and backward, for one
+    micro-batch of `tokens` tokens: labkit.comm.step_communication("ep") of a one-layer model of
+    width `hidden` routing each token to `k` experts, per layer and micro-batch (its count x the
+    payload of each)."""
+    spec = models.get_model("debug-moe").with_(
+        num_layers=1, hidden_size=hidden, num_heads=1, num_kv_heads=1, experts_per_token=k,
+        num_experts=2 * k, dense_layers=0)
+    (a2a,) = comm.step_communication("ep", model=spec, ep=2, seq_len=tokens, batch_size=1,
+                                     capacity_factor=capacity_factor,
+                                     activation_bytes=bytes_per_value).collectives
+    return a2a.count * a2a.nbytes
+
+
+def ep_step_gb(model, ep, seq_len, batch_size=1, capacity_factor=None,
+               activation_bytes=2) -> float:
+    """GB (1e9 bytes) that leave one rank through the all-to-alls of one training step (one
+    micro-batch): labkit.comm.step_communication("ep")'s bytes sent."""
+    return comm.step_communication("ep", model=model, ep=ep, seq_len=seq_len,
+                                   batch_size=batch_size, capacity_factor=capacity_factor,
+                                   activation_bytes=activation_bytes).total_bytes / 1e9
+
+
 # The usual wrong answers of each check, (what went wrong, the value it gives): a learner whose
 # value matches one is told which (`check_with_mistakes`). A label names the mistake and the
 # idea it missed, never the right formula or number (tests/course/test_grading_hints.py).
@@ -470,6 +576,16 @@ MISTAKES = {
              "bf16") * u / _no_attention(model, s)),
         ("the peak with sparsity, not the dense peak", lambda *a: 2 * trainable_tokens(*a)),
         ("hours taken for days", lambda *a: trainable_tokens(*a) / 24)),
+    "all_to_all_bytes": (
+        ("half of the exchanges: a combine follows each dispatch, and the backward sends the "
+         "gradients of both back the same ways", lambda *a, **k: all_to_all_bytes(*a, **k) / 2),
+        ("one all-to-all only: the forward has a dispatch and a combine, and the backward "
+         "repeats both for their gradients", lambda *a, **k: all_to_all_bytes(*a, **k) / 4),
+        ("the capacity factor left out: each expert's buffer is that many times its even share",
+         lambda t, k, h, b, capacity_factor=None: all_to_all_bytes(t, k, h, b)),
+        ("k left out: a token is sent once to each of its k experts",
+         lambda t, k, h, b, capacity_factor=None: all_to_all_bytes(t, 1, h, b,
+                                                                    capacity_factor))),
     "checkpoint_minutes": (
         ("seconds, not minutes", lambda *a: 60 * checkpoint_minutes(*a)),
         ("a factor missing inside Young's square root",

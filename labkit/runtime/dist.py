@@ -284,8 +284,10 @@ def _installed_modules_imported() -> list[str]:
     return out
 
 
-def shutdown(exit_process: bool | None = None) -> None:
+def shutdown(exit_process: bool | None = None, wait: bool = True) -> None:
     """End this rank cleanly: barrier, destroy the process group, flush output, exit.
+    wait=False skips the barrier: for a rank that stops early (an error) while its peers may
+    still wait in an exchange with it, which then fails on them when this process is gone.
 
     Why exit with os._exit(0): in 10-40% of 4-process runs that build a DeviceMesh, a rank
     aborts at interpreter exit (SIGABRT, "terminate called without an active exception") after
@@ -300,7 +302,7 @@ def shutdown(exit_process: bool | None = None) -> None:
         exit_process = under_torchrun()
     if tdist.is_initialized():
         try:
-            if tdist.get_world_size() > 1:
+            if wait and tdist.get_world_size() > 1:
                 tdist.barrier()
             tdist.destroy_process_group()
         except Exception as exc:  # a peer already gone: nothing to wait for

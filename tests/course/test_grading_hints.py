@@ -12,7 +12,7 @@ import pytest
 
 from labkit.course import grading, reference
 
-# each MISTAKES entry's cases, as its check cell passes them (solutions/07 and 09)
+# each MISTAKES entry's cases, as its check cell passes them (solutions/07, 09 and 10)
 CASES = {
     "states_gb": [(7e9, 1, 8), (70e9, 3, 64)],
     "bubble": [(4, 8), (8, 32)],
@@ -22,13 +22,17 @@ CASES = {
     "reported_mfu": [("llama3-70b", 2e5, 256, "h100-sxm", 8192)],
     "trainable_tokens": [("llama3-70b", 512, "h100-sxm", 30, 0.4, 8192)],
     "checkpoint_minutes": [("llama3-70b", 512, 1e-4, 100e9)],
+    "all_to_all_bytes": [(2048, 8, 7168, 2, 1.0), (4096, 2, 4096, 2, 1.25), (4096, 2, 4096, 2),
+                         (512, 1, 1024, 4), ((1024, 8, 2048, 1), {"capacity_factor": 1.5}),
+                         (3, 1, 10, 4, 1.25)],
 }
 REFERENCES = {"states_gb": reference.states_gb, "bubble": reference.bubble_share,
               "min_microbatches": reference.pp_min_microbatches,
               "all_reduce_seconds": reference.all_reduce_seconds,
               "reported_mfu": reference.reported_mfu,
               "trainable_tokens": reference.trainable_tokens,
-              "checkpoint_minutes": reference.checkpoint_minutes}
+              "checkpoint_minutes": reference.checkpoint_minutes,
+              "all_to_all_bytes": reference.all_to_all_bytes}
 
 
 def significant(x: float) -> set[str]:

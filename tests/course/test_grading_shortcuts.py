@@ -404,6 +404,22 @@ ANSWERS = {   # id: (solution, exercise, answer, call, expected refusal); each p
         """, "from labkit.labs.threed.exercise import run_user_2d; "
              "r = run_user_2d(parallelize_2d, nproc=4)",
         "your parallelize_2d calls labkit.parallel.mesh.parallelize; write it yourself"),
+    "10 dispatch_combine, labkit's ExpertParallelMoE": (
+        "10_mixture_of_experts.ipynb", "dispatch", """
+        import importlib
+        import torch.distributed as dist
+
+        def dispatch_combine(x, expert, num_experts, expert_fn):
+            if not dist.is_initialized():
+                return x
+            ep = getattr(importlib.import_module("labkit.parallel." + "expert"),
+                         "ExpertParallel" + "MoE")
+            ep()
+            return x
+        """, "from labkit.labs.dispatch import run_user_dispatch; "
+             "r = run_user_dispatch(dispatch_combine, nproc=2)",
+        "your dispatch_combine calls labkit.parallel.expert.ExpertParallelMoE; write it "
+        "yourself"),
 }
 
 

@@ -22,13 +22,14 @@ TERMS = (
 
 
 def memory_bars(estimates: dict, capacity: float | None = None, capacity_label: str = "",
-                highlight: str | None = None, title: str = ""):
+                highlight: str | None = None, title: str = "", usable: float | None = None,
+                xlabel: str = ""):
     """A Figure of stacked bars in GB (1e9 bytes), one bar per (label -> MemoryEstimate).
 
     capacity: a GPU's memory in bytes, drawn as a dashed line (None: no line), named in the
         legend by capacity_label.
     highlight: the label whose bar is drawn opaque with its total written above it; the others
-        are drawn faded (None: all opaque).
+        are drawn faded (None: all opaque). usable: what a run may fill, a dotted line.
     """
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -53,6 +54,12 @@ def memory_bars(estimates: dict, capacity: float | None = None, capacity_label: 
         handles.append(Line2D([], [], color="black", linestyle="--",
                               label=capacity_label or f"GPU memory: {cap:,.0f} GB"))
         top = max(top, cap)
+    if usable is not None:                    # what a run may fill (labkit.planner.usable_memory)
+        use = usable / GB
+        ax.axhline(use, color="#b00020", linestyle=":", linewidth=1.4)
+        handles.append(Line2D([], [], color="#b00020", linestyle=":",
+                              label=f"usable: {use:,.1f} GB (headroom left)"))
+        top = max(top, use)
     for x, k, total in zip(xs, labels, bottoms):
         if highlight in (None, k):
             ax.annotate(f"{total:,.1f}", xy=(x, total), xytext=(0, 2), textcoords="offset points",
@@ -60,6 +67,8 @@ def memory_bars(estimates: dict, capacity: float | None = None, capacity_label: 
     ax.set_ylim(0, top * 1.15 if top > 0 else 1.0)
     ax.set_xticks(list(xs), labels)
     ax.set_ylabel("GB per GPU (1 GB = 1e9 bytes)")
+    if xlabel:
+        ax.set_xlabel(xlabel)
     if title:
         fig.suptitle(title, fontsize=9)
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8,

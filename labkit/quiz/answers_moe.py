@@ -10,7 +10,6 @@ order: rank = p (tp cp dp) + (d ep + e) etp + t.
 """
 from __future__ import annotations
 
-import itertools
 import math
 
 from labkit import validate
@@ -21,6 +20,7 @@ from labkit.memory import estimate_memory, state_bytes
 from labkit.models import get_model
 from labkit.placement import model_states, stage_expert_params, stage_params
 from labkit.precision import gradient_bytes
+from labkit.quiz.answers_threed import grid_groups
 
 MB = 1e6
 ROUTINGS = ("uniform", "two-experts", "one-expert")
@@ -161,23 +161,8 @@ def expert_groups(tp=1, cp=1, dp=1, pp=1, ep=1, etp=1) -> dict[str, list[list[in
     if stage * d["pp"] > 65536:
         raise ValueError(f"{stage * d['pp']:,} ranks; allowed: up to 65,536")
     sizes = {"pp": d["pp"], "edp": stage // (d["ep"] * d["etp"]), "ep": d["ep"], "etp": d["etp"]}
-    axes = ("pp", "edp", "ep", "etp")                   # outermost to innermost
-
-    def rank(c):
-        r = 0
-        for a in axes:
-            r = r * sizes[a] + c[a]
-        return r
-
-    out = {}
-    for axis in ("edp", "ep", "etp"):
-        others = [a for a in axes if a != axis]
-        groups = []
-        for fixed in itertools.product(*(range(sizes[a]) for a in others)):
-            c = dict(zip(others, fixed))
-            groups.append(sorted(rank({**c, axis: i}) for i in range(sizes[axis])))
-        out[axis] = sorted(groups)
-    return out
+    # outermost to innermost: pp, then edp, ep, etp
+    return grid_groups(sizes, ("pp", "edp", "ep", "etp"), listed=("edp", "ep", "etp"))
 
 
 def _show(groups) -> str:

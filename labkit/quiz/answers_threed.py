@@ -33,15 +33,21 @@ def mesh_groups(tp=1, cp=1, dp=1, pp=1) -> dict[str, list[list[int]]]:
         raise ValueError(f"tp x cp x dp x pp = {world:,} ranks; allowed: up to 65,536 (the "
                          "groups are listed rank by rank)")
 
+    return grid_groups(sizes, AXES)
+
+
+def grid_groups(sizes: dict, axes: tuple, listed=None) -> dict[str, list[list[int]]]:
+    """{axis: groups} of a row-major grid of ranks whose `axes` (outermost first) have `sizes`:
+    for each axis (of `listed`, default all) the ranks that differ only along it."""
     def rank(c):
         r = 0
-        for a in AXES:
+        for a in axes:
             r = r * sizes[a] + c[a]
         return r
 
     out = {}
-    for axis in AXES:
-        others = [a for a in AXES if a != axis]
+    for axis in listed or axes:
+        others = [a for a in axes if a != axis]
         groups = []
         for fixed in itertools.product(*(range(sizes[a]) for a in others)):
             c = dict(zip(others, fixed))

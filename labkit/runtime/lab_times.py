@@ -56,6 +56,7 @@ LAB_TIMES: tuple[tuple[str, str, int, tuple[str, ...], float], ...] = (
     ("threed:ppdp", "threed", 4, ("--part", "ppdp"), 3.4),
     ("threed:3d", "threed", 8, ("--part", "3d"), 8.1),
     ("threed:cp", "threed", 2, ("--part", "cp"), 0.5),
+    ("moe", "moe", 4, ("--steps", "60"), 21.3),
 )
 
 

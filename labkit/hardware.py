@@ -19,10 +19,13 @@ T = 1e12
 
 
 # Memory in bytes, read from the vendor's capacity label with GB = 1e9 (so "80 GB" -> 80e9
-# bytes). This is a conservative convention: an H100 80GB reports about 85.0e9 bytes (79.2 GiB)
-# to `torch.cuda.get_device_properties(0).total_memory`, and an A100 40GB about 42.3e9 bytes
-# (39.4 GiB), of which the CUDA context and the caching allocator take some. A plan that fits in
-# the label's bytes fits on the device. `GPU.memory_gib` gives the same number in GiB.
+# bytes). This is a conservative convention: an H100 80GB reports 79.11 GiB (84.9e9 bytes) to
+# `torch.cuda.get_device_properties(0).total_memory`, an A100 80GB 79.15 GiB and an A100 40GB
+# 39.59 GiB (the totals PyTorch's out-of-memory messages print on those cards), of which the CUDA
+# context and the caching allocator take some. A memory figure within the label's bytes fits on
+# the device. `GPU.memory_gib` gives the same number in GiB. `GPU.device_bytes` is what the
+# device reports where it is known (the label's bytes otherwise): the planner takes its headroom
+# (`labkit.planner.usable_memory`) from those real bytes, not from the label.
 # Compute in FLOP/s, *dense* (NVIDIA's datasheets print tensor-core figures "with sparsity",
 # 2:4 structured sparsity, which is exactly twice the dense figure; training uses dense).
 @dataclass(frozen=True)
@@ -32,10 +35,16 @@ class GPU:
     peak_flops: dict = field(default_factory=dict)   # dtype -> dense FLOP/s
     memory_bandwidth: float = 0.0      # HBM/GDDR bytes/s
     source: str = ""
+    device_memory: float = 0.0         # bytes torch's total_memory reports; 0: not known
 
     @property
     def memory_gib(self) -> float:
         return self.memory / GiB
+
+    @property
+    def device_bytes(self) -> float:
+        """The bytes the device reports (torch's `total_memory`), or the label's if not known."""
+        return self.device_memory or self.memory
 
     def flops(self, dtype: str = "bf16") -> float:
         """Dense peak FLOP/s for `dtype`; ValueError if this GPU has no such tensor-core mode."""
@@ -70,9 +79,12 @@ _H100_SRC = ("NVIDIA H100 Tensor Core GPU datasheet (SXM): BF16/FP16 1,979, FP8 
              "TFLOPS with sparsity; dense is half (BF16 989 TFLOPS)")
 
 GPUS: dict[str, GPU] = {
-    "a100-40gb": GPU("NVIDIA A100 40GB SXM", 40 * GB, _A100, 1555 * GB, _A100_SRC),
-    "a100-80gb": GPU("NVIDIA A100 80GB SXM", 80 * GB, _A100, 2039 * GB, _A100_SRC),
-    "h100-sxm": GPU("NVIDIA H100 SXM 80GB", 80 * GB, _H100_SXM, 3350 * GB, _H100_SRC),
+    "a100-40gb": GPU("NVIDIA A100 40GB SXM", 40 * GB, _A100, 1555 * GB, _A100_SRC,
+                     39.59 * GiB),
+    "a100-80gb": GPU("NVIDIA A100 80GB SXM", 80 * GB, _A100, 2039 * GB, _A100_SRC,
+                     79.15 * GiB),
+    "h100-sxm": GPU("NVIDIA H100 SXM 80GB", 80 * GB, _H100_SXM, 3350 * GB, _H100_SRC,
+                    79.11 * GiB),
     "h100-pcie": GPU(
         "NVIDIA H100 PCIe 80GB", 80 * GB,
         {"fp64": 51 * T, "fp32": 51 * T, "tf32": 378 * T, "bf16": 756 * T, "fp16": 756 * T,
@@ -80,7 +92,8 @@ GPUS: dict[str, GPU] = {
         "NVIDIA H100 datasheet (PCIe): BF16 1,513, FP8 3,026 TFLOPS with sparsity; dense is half"),
     "h200": GPU("NVIDIA H200 SXM 141GB", 141 * GB, _H100_SXM, 4800 * GB,
                 "NVIDIA H200 datasheet (SXM): same tensor cores as H100 SXM (BF16 1,979 and FP8 "
-                "3,958 TFLOPS with sparsity, 989 and 1,979 dense), 141 GB HBM3e, 4.8 TB/s"),
+                "3,958 TFLOPS with sparsity, 989 and 1,979 dense), 141 GB HBM3e, 4.8 TB/s",
+                139.80 * GiB),
     "b200": GPU(
         "NVIDIA B200 (HGX/DGX B200, per GPU)", 180 * GB,
         {"fp64": 37 * T, "fp32": 75 * T, "tf32": 1125 * T, "bf16": 2250 * T, "fp16": 2250 * T,

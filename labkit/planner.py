@@ -36,7 +36,8 @@ DEFAULT_TOKENS = 2**22          # default global batch: about 4M tokens per step
 # communicators; cuBLAS workspaces), and the caching allocator cannot use every free byte of a
 # fragmented heap (PyTorch CUDA semantics: memory management). A plan that needs more than
 # usable = capacity x (1 - FRAGMENTATION) - RESERVED does not fit (module 01: a plan at 95 %
-# of the card will not run).
+# of the card will not run), capacity being the bytes the device reports (`GPU.device_bytes`:
+# 79.11 GiB on an H100 80GB, so 79.2 GB usable), not the label's 80e9.
 RESERVED = 1.5 * GB
 FRAGMENTATION = 0.05
 # Context parallelism must pay for what it adds (another process group, ring attention's
@@ -365,7 +366,7 @@ def _setup(model, gpus, gpu, gpus_per_node, global_batch, seq_len, precision, op
                   optimizer=optimizer, mfu=matmul_efficiency(the_gpu) if u is None else u, intra_link=intra.name, inter_link=inter.name,
                   schedule=schedule, params=spec.num_params(),
                   states_per_param=sum(pricer.state_bytes), framework=framework,
-                  usable=usable_memory(the_gpu.memory, reserved, fragmentation))
+                  usable=usable_memory(the_gpu.device_bytes, reserved, fragmentation))
     return spec, pricer, inputs
 
 

@@ -158,7 +158,7 @@ class MoECalculator(Calculator):
         self.params = {"total": spec.num_params(), "active": spec.active_params(),
                        "experts": spec.param_breakdown()["experts"]}
         self.memory, self.dense_memory, self.sweep = memory, dense, sweep
-        self.capacity, self.usable = capacity, usable_memory(capacity)
+        self.capacity, self.usable = capacity, usable_memory(get_gpu(key).device_bytes)
         self.flops, self.dense_flops = flops_per_token(spec, s), 6 * spec.num_params()
         self.comm, self.link, self.comm_time = comm, link, comm_time
 

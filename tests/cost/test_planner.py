@@ -37,6 +37,8 @@ from dataclasses import replace
 
 import pytest
 
+from labkit.hardware import get_gpu
+
 from labkit import field
 from labkit.memory import estimate_memory
 from labkit.models import BLOOM_176B, get_model
@@ -202,9 +204,15 @@ def test_headroom_is_what_a_plan_may_fill():
     assert usable_memory(80e9) == pytest.approx(80e9 * (1 - FRAGMENTATION) - RESERVED)
     assert usable_memory(80e9, reserved=0, fragmentation=0) == 80e9
     e = evaluate("llama3-8b", Layout(dp=8, sharding="fsdp"), global_batch=64, seq_len=8192)
+    device = get_gpu("h100-sxm").device_bytes
     tight = evaluate("llama3-8b", Layout(dp=8, sharding="fsdp"), global_batch=64,
-                     seq_len=8192, reserved=e.capacity - e.memory * 0.99, fragmentation=0)
+                     seq_len=8192, reserved=device - e.memory * 0.99, fragmentation=0)
     assert e.fits and not tight.fits and tight.memory == e.memory
+    # the headroom comes off the bytes the device reports (79.11 GiB on an H100 80GB), not the
+    # label's 80e9: a little more than the label's 95 %, less than the label
+    assert e.usable == usable_memory(device) and e.capacity == 80e9
+    assert 80e9 * (1 - FRAGMENTATION) - RESERVED < e.usable < 80e9
+    assert get_gpu("t4").device_bytes == get_gpu("t4").memory      # not known: the label
     with pytest.raises(ValueError, match="fragmentation"):
         usable_memory(80e9, fragmentation=0.9)
 

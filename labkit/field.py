@@ -97,6 +97,38 @@ def price_sweep(rows: list[SweepRow] | None = None, **planner_kwargs) -> list[Sw
     return rows
 
 
+def fit_pp_tp_wait(rows: list[SweepRow] | None = None) -> float:
+    """nanotron's wait per layer, micro-batch and TP rank when a pipeline hop crosses nodes
+    with TP inside a stage (`labkit.kernels.Framework.pp_tp_wait`), read off the runs the host
+    bounds: micro-batch 1, pp > 1, 1 < tp <= a node, more than one node, finished, within
+    BREAKDOWN of their group's best. Each run: its seconds per 1F1B slot (step / (m + p - 1))
+    per layer of its fullest stage, less nanotron's host time per layer, per TP rank. The median
+    over the runs (a framework's own cost, measured: no term of the hardware explains it)."""
+    from labkit.kernels import FRAMEWORKS
+    from labkit.placement import stage_layers
+
+    rows = sweep_rows() if rows is None else rows
+    host = FRAMEWORKS["nanotron"].host_per_layer
+    best: dict = {}
+    for r in rows:
+        if r.measured_tokens and r.status == "ok":
+            key = (r.model, r.nodes)
+            best[key] = max(best.get(key, 0.0), r.measured_tokens)
+    waits = []
+    for r in rows:
+        lay = r.layout
+        if (r.status != "ok" or not r.measured_tokens or lay.micro_batch != 1 or lay.pp == 1
+                or not 1 < lay.tp <= SWEEP_SETUP["gpus_per_node"] or r.nodes == 1
+                or r.measured_tokens < best[r.model, r.nodes] / BREAKDOWN):
+            continue
+        spec = SWEEP_MODELS[r.model]
+        tokens = lay.micro_batch * r.grad_acc * lay.dp * SWEEP_SETUP["seq_len"]   # per step
+        slot = tokens / (lay.gpus * r.measured_tokens) / (r.grad_acc + lay.pp - 1)
+        layers = max(stage_layers(spec.num_layers, lay.pp, False))
+        waits.append((slot / layers - host) / lay.tp)
+    return statistics.median(waits)
+
+
 def spearman(x: list[float], y: list[float]) -> float:
     """Spearman's rank correlation (average ranks for ties)."""
     def ranks(v):
@@ -126,6 +158,7 @@ class SweepMetrics:
     priced: int = 0
     unpriced: int = 0               # rows `evaluate` refused (e.g. TP across nodes)
     left_out: int = 0               # runs > BREAKDOWN x slower than their group's best
+    crashed: int = 0                # crashed runs with figures: not a steady state, left out
     ratios: list = field(default_factory=list)     # predicted / measured tokens/s per GPU
 
     @property
@@ -147,7 +180,7 @@ class SweepMetrics:
     def text(self) -> str:
         lines = [f"{self.priced:,} configurations priced ({self.unpriced:,} refused by the "
                  f"planner; {self.left_out:,} runs > {BREAKDOWN:g}x slower than their group's "
-                 "best left out)",
+                 f"best and {self.crashed} crashed runs' partial figures left out)",
                  f"rank correlation (Spearman) of predicted vs measured tokens/s per (model, "
                  f"nodes) group: median {self.median_spearman:.2f}, "
                  f"{self.share_groups_at_half:.0%} of {len(self.groups)} groups >= 0.5",
@@ -161,7 +194,9 @@ class SweepMetrics:
 
 
 def sweep_metrics(rows: list[SweepRow]) -> SweepMetrics:
-    """How the priced `rows` agree with what was measured."""
+    """How the priced `rows` agree with what was measured: fits against ran / crashed over
+    every priced row; throughput over the finished runs (a crashed run's figures, which the
+    playbook drew as crashed, are not a steady state) within BREAKDOWN of their group's best."""
     out = SweepMetrics()
     groups: dict = {}
     for row in rows:
@@ -170,7 +205,8 @@ def sweep_metrics(rows: list[SweepRow]) -> SweepMetrics:
             continue
         out.priced += 1
         out.fits_agreement += row.estimate.fits == (row.status == "ok")
-        if row.measured_tokens:
+        out.crashed += bool(row.measured_tokens) and row.status != "ok"
+        if row.measured_tokens and row.status == "ok":
             groups.setdefault((row.model, row.nodes), []).append(row)
     out.fits_agreement /= max(1, out.priced)
     for key, runs in groups.items():

@@ -87,8 +87,8 @@ LOSS_PEAK_BYTES = {"fused": 4, "eager": 12}
 class Framework:
     """How a training framework runs a layer: its elementwise kernels ("fused" / "eager"), the
     host (CPU) seconds to launch one layer's forward and backward for one micro-batch, and the
-    host seconds a pipeline stage waits per micro-batch and per TP rank when it runs both
-    (`pp_tp_wait`: a framework's own cost, 0 where none was measured). `blocking`: the
+    host seconds a pipeline stage waits per layer, micro-batch and TP rank when its hops cross
+    nodes with TP inside it (`pp_tp_wait`: a framework's own cost, 0 where none was measured). `blocking`: the
     launches wait for their kernels (CUDA_LAUNCH_BLOCKING=1), so the host time adds to the
     device time instead of running ahead of it. `fsdp_prefetch`: FSDP issues a layer's gather
     before the layer runs (PyTorch FSDP's forward / backward prefetch, FSDP2); without it each
@@ -111,6 +111,10 @@ class Framework:
 # least-squares fit over BigScience's measured layouts (labkit.field_bloom.fit_host;
 # tests/cost/test_field_bloom.py checks that it still agrees with the data).
 MEGATRON_DEEPSPEED_HOST = 16.5e-3
+# nanotron's wait per layer, micro-batch and TP rank where a pipeline hop crosses nodes with TP
+# inside a stage: the median over the Ultra-Scale Playbook's host-bound runs
+# (labkit.field.fit_pp_tp_wait; tests/cost/test_field.py checks that it still agrees).
+NANOTRON_PP_TP_WAIT = 3.3e-3
 
 FRAMEWORKS = {
     "megatron": Framework(
@@ -122,12 +126,13 @@ FRAMEWORKS = {
         "nanotron (eager PyTorch layers)", "eager", 4.5e-3,
         "measured on the Ultra-Scale Playbook's sweep (labkit.field): at micro-batch 1 on one "
         "node the 1B model takes 73-74 ms per micro-batch at tp 2, 4 and 8 alike (16 layers), "
-        "the 8B 141 ms at tp 8 (32 layers): the host, not the GPU, sets the pace there. With "
-        "both PP and TP, a stage's micro-batch takes a further ~25 ms per TP rank (1B, pp 2, "
-        "tp 8: ~200 ms per micro-batch at micro-batch 1 to 8 alike; tokens/s falls in "
-        "proportion to tp): nanotron's own cost, measured, not explained by the hardware. Its "
-        "ZeRO-1 gathers the updated weights after the optimizer step (nanotron/optim/zero.py)",
-        pp_tp_wait=25e-3, overlap_param_gather=False),
+        "the 8B 141 ms at tp 8 (32 layers): the host, not the GPU, sets the pace there. Where "
+        "a pipeline hop crosses nodes with TP inside a stage, each layer of a micro-batch takes "
+        "a further ~3.3 ms per TP rank (at micro-batch 1: ~10-12 ms per layer at tp 2, 14-19 at "
+        "tp 4, 23-27 at tp 8, for both models and any pp; within one node, 5-6 ms at any tp): "
+        "nanotron's own cost, measured, not explained by the hardware. Its ZeRO-1 gathers the "
+        "updated weights after the optimizer step (nanotron/optim/zero.py)",
+        pp_tp_wait=NANOTRON_PP_TP_WAIT, overlap_param_gather=False),
     "metaseq": Framework(
         "metaseq (OPT): Megatron-LM's tensor-parallel layers under FairScale's FSDP", "fused",
         0.4e-3,

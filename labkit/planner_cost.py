@@ -203,7 +203,8 @@ class Pricer:
         - ep (a mixture of experts): the dispatch and combine all-to-alls
           (`labkit.comm.step_communication("ep")`) on the critical path, none hidden (DualPipe
           style overlap is not priced).
-        - host: the framework's launch time per layer (`labkit.kernels.FRAMEWORKS`); a
+        - host: the framework's launch time per layer (`labkit.kernels.FRAMEWORKS`), plus its
+          wait per layer and TP rank where a pipeline hop crosses nodes (`pp_tp_wait`); a
           micro-batch takes max(device, host): the part of the host time not covered (all of
           it where the framework's launches block: device + host).
         Times m micro-batches. Then
@@ -231,7 +232,10 @@ class Pricer:
               if self.spec.is_moe and lay.ep > 1 else 0.0)
         device = stage + tp + cp + ep
         fw = FRAMEWORKS[self.framework]
-        wait = fw.pp_tp_wait * lay.tp if lay.pp > 1 and lay.tp > 1 else 0.0
+        # a framework's own cost where a pipeline hop crosses nodes with TP inside a stage
+        # (`labkit.kernels.Framework.pp_tp_wait`): per layer, micro-batch and TP rank
+        crossing = lay.pp > 1 and lay.tp > 1 and self.link(lay, "pp") is self.inter
+        wait = fw.pp_tp_wait * lay.tp * full if crossing else 0.0
         host = full * layer.host + wait
         host = host if fw.blocking else max(0.0, host - device)
         out = {"compute": m * stage, "host": m * host, "tp": m * tp, "cp": m * cp,

@@ -1,11 +1,11 @@
 """labkit.field: the measured sweep, read and priced as run, and its agreement figures.
 
-The figures asserted are the planner's today (labkit.kernels: matmul roofline at measured
-ceilings x SUSTAINED, FlashAttention, elementwise traffic, the framework's host time; median
-Spearman 0.75 with 79 % of the 14 groups >= 0.5, fits 88.1 %, median ratio 1.03 with 48 % within
-25 %; issue 31 asks for >= 80 % of groups and >= 50 % within 25 %); they guard against a change
-that makes the planner agree less with the field. Each can fail: a shuffled prediction, a model
-that fits everything, a planner twice as optimistic."""
+The figures asserted are issue 31's reach (median Spearman >= 0.7 with >= 80 % of groups >= 0.5,
+fits >= 85 %, median ratio 0.8-1.25 with >= 50 % within 25 %). Today (labkit.kernels: matmul
+roofline at measured ceilings x SUSTAINED, FlashAttention, elementwise traffic, the framework's
+host time and nanotron's cross-node pipeline wait): median Spearman 0.80 with 86 % of the 14
+groups >= 0.5, fits 87.1 %, median ratio 1.02 with 64 % within 25 %. Each can fail: a shuffled
+prediction, a model that fits everything, a planner twice as optimistic."""
 from __future__ import annotations
 
 import random
@@ -42,9 +42,26 @@ def test_the_planner_agrees_with_the_sweep_at_least_as_well_as_today(rows):
     m = field.sweep_metrics(rows)
     print("\n" + m.text())
     assert m.priced >= 1580 and len(m.groups) == 14      # TP over whole nodes priced too
-    assert m.median_spearman >= 0.70 and m.share_groups_at_half >= 0.75
-    assert m.fits_agreement >= 0.86
-    assert 0.9 <= m.median_ratio <= 1.15 and m.share_within_25 >= 0.44
+    assert m.median_spearman >= 0.70 and m.share_groups_at_half >= 0.80
+    assert m.fits_agreement >= 0.85
+    assert 0.8 <= m.median_ratio <= 1.25 and m.share_within_25 >= 0.50
+    assert m.crashed == sum(bool(r.measured_tokens) and r.status != "ok" for r in rows) == 14
+
+
+def test_nanotrons_pipeline_wait_is_the_one_its_host_bound_runs_measured():
+    """NANOTRON_PP_TP_WAIT is read off the sweep (labkit.field.fit_pp_tp_wait), and it is what
+    the planner charges: only where a pipeline hop crosses nodes with TP inside a stage."""
+    from labkit.kernels import FRAMEWORKS, NANOTRON_PP_TP_WAIT
+    from labkit.planner import Layout, evaluate
+
+    assert field.fit_pp_tp_wait() == pytest.approx(NANOTRON_PP_TP_WAIT, rel=0.03)
+    assert FRAMEWORKS["nanotron"].pp_tp_wait == NANOTRON_PP_TP_WAIT
+    kw = dict(field.SWEEP_SETUP, global_batch=256)
+    one_node, two_nodes = (evaluate(field.SWEEP_MODELS["8B"], Layout(
+        tp=4, pp=pp, dp=2, micro_batch=1, sequence_parallel=True), **kw) for pp in (1, 2))
+    assert one_node.breakdown["host"] < 0.1 * two_nodes.breakdown["host"]   # pp=2 spans 2 nodes
+    # 128 micro-batches x 16 layers x 4 TP ranks x the wait, less what the device covers
+    assert two_nodes.breakdown["host"] > 128 * 16 * 4 * NANOTRON_PP_TP_WAIT * 0.5
 
 
 def test_evaluate_prices_tp_over_whole_nodes_on_the_inter_node_link():

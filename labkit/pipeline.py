@@ -7,57 +7,23 @@
     >>> activation_in_flight("gpipe", 4, 8), p2p_messages(4, 8, v=2), idle_share(events)
 
 Schedules: GPipe (Huang et al. 2019), 1F1B and interleaved 1F1B (Narayanan et al. 2021, §2.2),
-zero-bubble ZB-H1 (Qi et al. 2024); how each is simulated, and checked: `simulate`.
+zero-bubble ZB-H1 and ZB-V (Qi et al. 2024), DualPipeV (DeepSeek-AI 2024); how each is simulated,
+and checked: `simulate`. A schedule written by hand: check_schedule, simulate_schedule.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from labkit import validate
+from labkit.pipeline_events import Event, PipelineResult, as_events, idle_share, run_orders
+from labkit.pipeline_v import (dualpipev_orders, paper_bubble, v_peak_chunks, v_place, v_units,
+                               zbv_orders)
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv", "dualpipev")
+V_SCHEDULES = ("zbv", "dualpipev")     # two chunks per rank in a V (labkit.pipeline_v)
 MAX_STAGES = 1024           # stages (and chunks per stage) the simulator accepts
 MAX_MICROBATCHES = 65536
 MAX_OPS = 2_000_000         # stages x microbatches x chunks (about 10 s of simulation)
-
-
-@dataclass(frozen=True)
-class Event:
-    stage: int
-    kind: str           # "F" forward, "B" backward (input grad for zero-bubble), "W" weight grad
-    microbatch: int
-    chunk: int
-    start: float
-    end: float
-
-
-@dataclass
-class PipelineResult:
-    schedule: str
-    stages: int
-    microbatches: int
-    chunks: int
-    events: list = field(default_factory=list)
-    makespan: float = 0.0
-    ideal: float = 0.0                 # one stage's busy time: m (f + b [+ w])
-    peak_in_flight: list = field(default_factory=list)   # per stage, in micro-batches
-
-    @property
-    def busy(self) -> list[float]:
-        out = [0.0] * self.stages
-        for e in self.events:
-            out[e.stage] += e.end - e.start
-        return out
-
-    @property
-    def bubble_fraction(self) -> float:
-        """Idle share of the step: idle time of all stages / (stages x makespan)."""
-        return idle_share(self.events, self.stages)
-
-    @property
-    def bubble_ratio(self) -> float:
-        """Bubble relative to the ideal time: (makespan - ideal) / ideal ((p-1)/m for 1F1B)."""
-        return (self.makespan - self.ideal) / self.ideal
 
 
 def _order(schedule, p, m, v):
@@ -103,17 +69,19 @@ def simulate(schedule, stages, microbatches, fwd=1.0, bwd=2.0, chunks=1, wgrad=N
              p2p=0.0) -> PipelineResult:
     """Simulate one training step of a pipeline schedule.
 
-    schedule: "gpipe" | "1f1b" | "interleaved-1f1b" | "zero-bubble".
-    stages (p), microbatches (m), chunks (v, interleaved only; 1 otherwise).
-    fwd, bwd: seconds per micro-batch per stage. For "zero-bubble", `bwd` is the input-gradient
-    pass B alone and `wgrad` the weight-gradient pass W (default: equal to bwd, as the paper's
-    T_F = T_B = T_W); other schedules take no wgrad (their bwd includes it).
-    p2p: seconds to send activations or gradients between stages.
+    schedule: "gpipe" | "1f1b" | "interleaved-1f1b" | "zero-bubble" | "zbv" | "dualpipev".
+    stages (p, ranks), microbatches (m), chunks (v: interleaved only; zbv and dualpipev place
+    2 on each rank: leave it out or give 2; 1 otherwise).
+    fwd, bwd: seconds per micro-batch per stage. For "zero-bubble", "zbv" and "dualpipev",
+    `bwd` is the input-gradient pass (torch's I) alone and `wgrad` the weight-gradient pass W
+    (default: equal to bwd, as the papers' T_F = T_B = T_W); other schedules take no wgrad
+    (their bwd includes it).
+    p2p: seconds to send activations or gradients between ranks.
 
     `fwd` and `bwd` are the times of one micro-batch through one whole stage (all its layers);
-    with `chunks` = v model chunks per stage (interleaving) each chunk takes fwd/v and bwd/v.
-    Each stage runs its schedule's operations in order; an operation starts when its stage is
-    free and its input is ready (the previous virtual stage's forward, the next one's
+    with `chunks` = v model chunks per stage (interleaving, V schedules) each chunk takes fwd/v
+    and bwd/v. Each stage runs its schedule's operations in order; an operation starts when its
+    stage is free and its input is ready (the previous virtual stage's forward, the next one's
     backward), plus `p2p` seconds for a send between stages. With p2p = 0 and uniform costs the
     simulation reproduces Narayanan et al. 2021 (§2.2) exactly:
     - GPipe (Huang et al. 2019) and 1F1B (PipeDream-Flush, Narayanan et al. 2021): makespan
@@ -127,6 +95,14 @@ def simulate(schedule, stages, microbatches, fwd=1.0, bwd=2.0, chunks=1, wgrad=N
       what would be idle time, keeping 1F1B's limit of p - i micro-batches in flight. With
       f = b = w (the paper's setting) its makespan is m(f + b + w) + (p - 1)(f + b - w),
       against 1F1B's (m + p - 1)(f + b + w) (paper, §3.1). Other ratios: `_simulate_zero_bubble`.
+    - "zbv" (ZB-V, the same paper §6) and "dualpipev" (DeepSeek-V3 report, DualPipe's V half):
+      2p stages on p ranks in a V, rank r holding stage r (chunk 0) and 2p - 1 - r (chunk 1),
+      in torch 2.13's order (ScheduleZBVZeroBubble, ScheduleDualPipeV: `labkit.pipeline_v`).
+      Events: stage = rank, chunk 0 or 1, kind F, B (input gradient) or W; DualPipeV's full
+      backwards (torch's B) are drawn as B then W, its gradient sent when both are done, and
+      its overlapped forward-backward pairs run one pass after the other, as torch runs them.
+      zbv takes any m (torch plans 2p - 1 and drops the rest); dualpipev needs m >= 2p, as
+      torch does. Closed forms: `bubble_formula`, `activation_in_flight`, `paper_bubble`.
     """
     # The simulation runs op by op (3 p m v of them): bounds keep a typo from running for hours.
     p, m, v = check_shape(schedule, stages, microbatches, chunks)
@@ -139,8 +115,14 @@ def simulate(schedule, stages, microbatches, fwd=1.0, bwd=2.0, chunks=1, wgrad=N
     if schedule == "zero-bubble":
         w = validate.positive("wgrad", b if wgrad is None else wgrad)
         return _simulate_zero_bubble(p, m, f, b, w, c)
+    if schedule in V_SCHEDULES:
+        w = validate.positive("wgrad", b if wgrad is None else wgrad)
+        orders = (zbv_orders if schedule == "zbv" else dualpipev_orders)(p, m)
+        return run_orders(schedule, orders, v_place(p), {"F": f / 2, "B": b / 2, "W": w / 2}, c,
+                          m * (f + b + w), m)
     if wgrad is not None:
-        raise ValueError(f"wgrad={wgrad!r} needs schedule='zero-bubble'; allowed for "
+        raise ValueError(f"wgrad={wgrad!r} needs schedule='zero-bubble', 'zbv' or 'dualpipev'; "
+                         f"allowed for "
                          f"{schedule!r}: None (the backward's weight gradient is part of bwd)")
 
     orders = _order(schedule, p, m, v)
@@ -148,46 +130,11 @@ def simulate(schedule, stages, microbatches, fwd=1.0, bwd=2.0, chunks=1, wgrad=N
 
 
 def _run_orders(schedule, orders, p, m, v, cost, c, ideal) -> PipelineResult:
-    """Run per-stage orders of (kind, microbatch, chunk): each op starts when its stage is free
-    and its input is ready (a W needs only its own B, which comes before it on its stage)."""
-    last = p * v - 1
-    done: dict = {}                 # (kind, microbatch, virtual stage) -> end time
-    free = [0.0] * p
-    pos = [0] * p
-    events = []
-    held = [0] * p
-    peak = [0] * p
-    remaining = sum(len(o) for o in orders)
-    while remaining:
-        progressed = False
-        for i in range(p):
-            while pos[i] < len(orders[i]):
-                kind, j, ch = orders[i][pos[i]]
-                vs = ch * p + i     # virtual stage (Megatron: chunk ch of stage i)
-                if kind == "F":
-                    dep = None if vs == 0 else ("F", j, vs - 1)
-                elif kind == "B":
-                    dep = ("F", j, last) if vs == last else ("B", j, vs + 1)
-                else:
-                    dep = ("B", j, vs)
-                if dep is not None and dep not in done:
-                    break
-                sent = dep is not None and dep[2] % p != i      # crosses to another stage
-                ready = 0.0 if dep is None else done[dep] + (c if sent else 0.0)
-                start = max(free[i], ready)
-                end = start + cost[kind]
-                done[(kind, j, vs)] = end
-                free[i] = end
-                events.append(Event(i, kind, j, ch, start, end))
-                held[i] += {"F": 1, "B": -1}.get(kind, 0)
-                peak[i] = max(peak[i], held[i])
-                pos[i] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:  # pragma: no cover - the orders above are deadlock-free
-            raise RuntimeError(f"schedule {schedule!r} deadlocked")
-    events.sort(key=lambda e: (e.start, e.stage))
-    return PipelineResult(schedule, p, m, v, events, max(free), ideal, [k / v for k in peak])
+    """Run per-stage orders of (kind, microbatch, chunk), chunk ch of stage i being virtual
+    stage ch * p + i (Megatron's placement), with `run_orders`."""
+    place = {ch * p + i: (i, ch) for ch in range(v) for i in range(p)}
+    steps = [[((kind, j, ch * p + i),) for kind, j, ch in o] for i, o in enumerate(orders)]
+    return run_orders(schedule, steps, place, cost, c, ideal, m)
 
 
 def _split_1f1b(p, m, f, b, w, c) -> PipelineResult:
@@ -274,7 +221,7 @@ def _greedy_zero_bubble(p, m, f, b, w, c) -> PipelineResult:
             w_queue[i].pop(0)
     events.sort(key=lambda e: (e.start, e.stage))
     return PipelineResult("zero-bubble", p, m, 1, events, max(free), m * (f + b + w),
-                          [float(k) for k in peak])
+                          [float(k) for k in peak], peak)
 
 
 # ---- closed forms, and what they answer -----------------------------------------------------
@@ -287,6 +234,15 @@ def check_shape(schedule, p, m, v, names=("stages", "microbatches", "chunks"),
     p = validate.positive_int(names[0], p, limits[0])
     m = None if m is None else validate.positive_int(names[1], m, limits[1])
     v = validate.positive_int(names[2], v, limits[0])
+    if schedule in V_SCHEDULES:
+        if v not in (1, 2):
+            raise ValueError(f"{names[2]}={v}: {schedule} places 2 chunks on each rank (a V); "
+                             f"allowed: 2, or leave {names[2]} out")
+        if schedule == "dualpipev" and m is not None and m < 2 * p:
+            raise ValueError(f"{names[1]}={m} is fewer than the {2 * p} stages of dualpipev on "
+                             f"{names[0]}={p} ranks (torch's ScheduleDualPipeV needs at least one "
+                             f"micro-batch per stage); allowed: {2 * p} or more")
+        return p, m, 2
     if schedule != "interleaved-1f1b" and v != 1:
         raise ValueError(f"{names[2]}={v} needs schedule='interleaved-1f1b'; allowed for "
                          f"{schedule!r}: 1")
@@ -311,6 +267,8 @@ def _units(schedule, p, m, v) -> tuple[int, int]:
         return p - 1, v * m
     if schedule == "zero-bubble":         # with m < p, stage 0's last W cannot hide: p - m more
         return p - 1 + max(0, p - m), 3 * m
+    if schedule in V_SCHEDULES:           # unit: one chunk's pass, f/2 (labkit.pipeline_v)
+        return v_units(schedule, p, m)
     return p - 1, m
 
 
@@ -325,6 +283,10 @@ def bubble_formula(schedule, p, m, v=1, divisible=True) -> tuple[float, float]:
       (p - 1)/(3 m) relative, (p - 1)/(3 m + p - 1) of the step, a third of 1F1B's at the same
       f + b + w. With m < p the last weight gradients cannot fill the gaps: the step takes
       2 (m + p - 1) + 1 units, (2 p - 1 - m)/(3 m) relative.
+    - "zbv" (Qi et al. 2024, §6) at T_F = T_B = T_W, on p ranks: (p - 1)/(6 m) relative for
+      m >= (3p - 1)/2 (the (p - 1) chunk forwards by which the last rank starts late; the
+      paper's zero is the idle inside each rank's span, `paper_bubble`); fewer micro-batches
+      (4p - 2 - 2m)/(6m). "dualpipev" (m >= 2p): (p - 1)/(3 m), as ZB-H1 (`v_units`).
     divisible=False: interleaved with any m >= p (`check_shape`), the same closed form."""
     p, m, v = check_shape(schedule, p, m, v, FORMULA_NAMES, FORMULA_LIMITS, divisible)
     bubble, work = _units(schedule, p, m, v)
@@ -348,10 +310,13 @@ def min_microbatches(p, target, schedule="1f1b", v=1, relative=False) -> int:
         return Fraction(bubble, work if relative else work + bubble) <= t
 
     # bubble b, work k m: b / (k m) <= t (relative) or b / (k m + b) <= t <=> k m >= b(1-t)/t;
-    # a lower bound for zero-bubble at m < p (its bubble is larger there), exact otherwise
-    k = _units(schedule, p, 1, v)[1]
-    need = (p - 1) / (k * t) if relative else (p - 1) * (1 - t) / (k * t)
+    # b is its value for many micro-batches: a lower bound for zero-bubble at m < p and zbv at
+    # m < (3p - 1)/2 (their bubble is larger there), exact otherwise
+    b, k = _units(schedule, p, validate.MAX_BATCH, v)[0], _units(schedule, p, 1, v)[1]
+    need = b / (k * t) if relative else b * (1 - t) / (k * t)
     m = -(-max(1, -(-need.numerator // need.denominator)) // step) * step
+    if schedule == "dualpipev":           # torch's ScheduleDualPipeV: m >= 2p
+        m = max(m, 2 * p)
     if m > validate.MAX_BATCH:
         raise ValueError(f"target={target!r} needs {m:,} micro-batches for p={p} (more than "
                          f"{validate.show(validate.MAX_BATCH)}); allowed: a larger target")
@@ -365,10 +330,13 @@ def activation_in_flight(schedule, p, m, v=1, divisible=True) -> list[float]:
     GPipe all m; 1F1B and zero-bubble (ZB-H1 keeps 1F1B's bound) min(p - i, m) on stage i;
     interleaved 1F1B, in micro-batches of the whole stage (chunks / v), Megatron-LM's warm-up of
     2 (p - i - 1) + (v - 1) p chunk forwards plus one, at most m v; at m = p all m v (labkit
-    follows pre-2024 Megatron-LM there, see `_order`). divisible: as `bubble_formula`."""
+    follows pre-2024 Megatron-LM there, see `_order`); zbv and dualpipev, in micro-batches of
+    a rank's two chunks, half of `v_peak_chunks`. divisible: as `bubble_formula`."""
     from labkit.memory import in_flight
 
     p, m, v = check_shape(schedule, p, m, v, FORMULA_NAMES, FORMULA_LIMITS, divisible)
+    if schedule in V_SCHEDULES:
+        return [k / 2 for k in v_peak_chunks(schedule, p, m)]
     if schedule == "interleaved-1f1b":
         total = m * v
         return [(total if m == p else min(2 * (p - i - 1) + (v - 1) * p + 1, total)) / v
@@ -382,8 +350,11 @@ def activation_memory(model, schedule, p, m, v=1, **memory_kw) -> list[float]:
     per micro-batch on stage i (its layers, the embedding on the first, the logits on the last)
     times `activation_in_flight`. The bytes per micro-batch are the difference of two
     estimates with GPipe (which holds all m) at m = 2 and m = 1: everything else cancels.
-    Interleaved: each chunk counted as 1/v of its stage's bytes. memory_kw: estimate_memory's
-    batch_size, seq_len, precision, tp, ... (not pp, microbatches, schedule)."""
+    Interleaved: each chunk counted as 1/v of its stage's bytes. zbv, dualpipev: the bytes of
+    the 2p stages (estimates at pp = 2p), rank r holding `v_peak_chunks` chunks of the mean of
+    its stages r and 2p - 1 - r (so the logits' bytes land on rank 0, which holds the last
+    stage). memory_kw: estimate_memory's batch_size, seq_len, precision, tp, ... (not pp,
+    microbatches, schedule)."""
     from labkit.memory import estimate_memory
 
     taken = {"pp", "microbatches", "schedule"} & set(memory_kw)
@@ -391,6 +362,7 @@ def activation_memory(model, schedule, p, m, v=1, **memory_kw) -> list[float]:
         raise ValueError(f"{sorted(taken)[0]}= is set by p, m and schedule; allowed in "
                          "memory_kw: estimate_memory's other arguments (batch_size, seq_len, ...)")
     held = activation_in_flight(schedule, p, m, v)
+    v = 2 if schedule in V_SCHEDULES else v
     if v > 1 and not isinstance(model, (int, float)):
         from labkit.models import get_model
 
@@ -398,9 +370,14 @@ def activation_memory(model, schedule, p, m, v=1, **memory_kw) -> list[float]:
         if p * v > n:
             raise ValueError(f"p x v = {p * v} virtual stages is more than num_layers={n}; "
                              f"allowed: p x v up to {n} (a chunk holds one layer at least)")
-    one, two = (estimate_memory(model, pp=p, microbatches=k, schedule="gpipe", **memory_kw)
+    pp = 2 * p if schedule in V_SCHEDULES else p
+    one, two = (estimate_memory(model, pp=pp, microbatches=k, schedule="gpipe", **memory_kw)
                 for k in (1, 2))
-    return [(b - a) * k for a, b, k in zip(one.per_stage, two.per_stage, held)]
+    each = [b - a for a, b in zip(one.per_stage, two.per_stage)]
+    if schedule in V_SCHEDULES:
+        return [(each[r] + each[pp - 1 - r]) / 2 * k
+                for r, k in enumerate(v_peak_chunks(schedule, p, m))]
+    return [b * k for b, k in zip(each, held)]
 
 
 @dataclass(frozen=True)
@@ -410,11 +387,13 @@ class P2PMessages:
     per_microbatch: int   # the busiest rank's sends per micro-batch
 
 
-def p2p_messages(p, m, v=1) -> P2PMessages:
+def p2p_messages(p, m, v=1, v_shape=False) -> P2PMessages:
     """Point-to-point sends of one step: activations forward and their gradients backward, at
     every boundary between virtual stages (`labkit.comm.step_communication("pp", chunks=v)`'s
     count). Interleaving multiplies a middle rank's sends by v (each micro-batch crosses it v
-    times); the data-parallel all-reduce does not change."""
+    times); the data-parallel all-reduce does not change. v_shape: the V placement of zbv and
+    dualpipev (2 chunks a rank): the boundary at the V's tip stays on rank p - 1, so 2m(2p - 2)
+    sends in all, 4 a micro-batch on a middle rank."""
     from labkit.comm import _pp_sends_per_rank
 
     p, v = (validate.positive_int(k, x, validate.MAX_LAYERS) for k, x in (("p", p), ("v", v)))
@@ -422,41 +401,22 @@ def p2p_messages(p, m, v=1) -> P2PMessages:
     if p * v > validate.MAX_LAYERS:
         raise ValueError(f"p x v = {p * v:,} virtual stages; allowed: up to "
                          f"{validate.MAX_LAYERS:,} (one layer each at least)")
+    if v_shape:
+        each = max(2 * ((r != p - 1) + (r != 0)) for r in range(p))
+        return P2PMessages(each * m, 2 * m * (2 * p - 2), each)
     each = _pp_sends_per_rank(p, v) if p > 1 else 0
     return P2PMessages(each * m, 2 * m * (p * v - 1), each)
 
 
-def as_events(events) -> list[Event]:
-    """`Event`s from a PipelineResult, Events, or dicts with stage, kind, microbatch, start,
-    end (and chunk, default 0): what a measured run reports (labkit.parallel.pipe)."""
-    if isinstance(events, PipelineResult):
-        return list(events.events)
-    out = []
-    for e in events:
-        if isinstance(e, Event):
-            out.append(e)
-            continue
-        try:
-            out.append(Event(int(e["stage"]), str(e["kind"]), int(e["microbatch"]),
-                             int(e.get("chunk", 0)), float(e["start"]), float(e["end"])))
-        except (TypeError, KeyError, ValueError, AttributeError):
-            raise ValueError(f"event {validate.describe(e)} is not an Event or a dict with "
-                             "stage, kind, microbatch, start, end (chunk optional)") from None
-    if not out:
-        raise ValueError("events=[] has no event; allowed: Events or dicts with stage, kind, "
-                         "microbatch, start, end")
-    return out
+def check_schedule(actions, stages, microbatches):
+    """`labkit.pipeline_check.check_schedule` (imported when called: it imports torch)."""
+    from labkit.pipeline_check import check_schedule as check
+
+    return check(actions, stages, microbatches)
 
 
-def idle_share(events, stages=None) -> float:
-    """Idle share of a step from its events (`as_events`: a measured run's dicts too):
-    1 - busy time of all stages / (stages x (last end - first start)). stages: how many ran
-    (default: those with an event)."""
-    rows = as_events(events)
-    n = len({e.stage for e in rows}) if stages is None else validate.positive_int(
-        "stages", stages)
-    span = max(e.end for e in rows) - min(e.start for e in rows)
-    if span <= 0:
-        raise ValueError(f"events span {span} s; allowed: events whose last end is after "
-                         "their first start")
-    return 1 - sum(e.end - e.start for e in rows) / (n * span)
+def simulate_schedule(actions, fwd=1.0, bwd=2.0, wgrad=None, p2p=0.0) -> PipelineResult:
+    """`labkit.pipeline_check.simulate_schedule` (imported when called: it imports torch)."""
+    from labkit.pipeline_check import simulate_schedule as run
+
+    return run(actions, fwd, bwd, wgrad, p2p)

@@ -53,8 +53,8 @@ CALCULATORS = [
           "How much time does one layer spend in tensor-parallel communication compared with "
           "its compute?"),
     Entry("pipeline", "Pipeline", "pipeline", "PipelineCalculator",
-          "How big is the bubble of a pipeline schedule (GPipe, 1F1B, interleaved, zero-bubble), "
-          "and how many micro-batches are in flight?"),
+          "How big is the bubble of a pipeline schedule (GPipe, 1F1B, interleaved, zero-bubble, "
+          "ZB-V, DualPipeV), and how many micro-batches are in flight?"),
     Entry("moe", "MoE", "moe", "MoECalculator",
           "How much memory per GPU does a mixture of experts take under expert parallelism, "
           "how few of its parameters does a token use, and what do its all-to-alls cost?"),

@@ -63,7 +63,7 @@ COURSE_LABS: tuple[LabRun, ...] = (
     LabRun("tp:sp", "06", "tp", 2, ("--part", "sp")),
     LabRun("tp:pitfall", "06", "tp", 2, ("--part", "pitfall")),
     LabRun("pp:byhand", "07", "pp", 4, ("--part", "byhand"), preflight=True),
-    LabRun("pp:torch", "07", "pp", 4, ("--part", "torch")),
+    LabRun("pp:torch", "07", "pp", 4, ("--part", "torch", "--schedules", "all")),
     LabRun("pp:ppdp", "07", "pp", 4, ("--part", "ppdp")),
     LabRun("threed:mesh", "08", "threed", 4, ("--part", "mesh"), preflight=True),
     LabRun("threed:2d", "08", "threed", 4, ("--part", "2d")),

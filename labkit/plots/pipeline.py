@@ -1,5 +1,6 @@
 """Pipeline schedules as Gantt charts (module 07): one row per stage, forwards, backwards and
-weight-gradient passes coloured, each bar numbered with its micro-batch, from a simulated
+weight-gradient passes coloured, a rank's later chunks lighter and hatched (interleaved, ZB-V,
+DualPipeV), each bar numbered with its micro-batch, from a simulated
 `labkit.pipeline.PipelineResult` or a measured run's event list (dicts with stage, kind,
 microbatch, chunk, start, end).
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from matplotlib.collections import PolyCollection
 
-from labkit.pipeline import PipelineResult, as_events, idle_share
+from labkit.pipeline import V_SCHEDULES, PipelineResult, as_events, idle_share
 from labkit.plots import new_figure
 
 COLOURS = {"F": "#4c72b0", "B": "#dd8452", "W": "#55a868"}
@@ -28,15 +29,18 @@ def _title(data, rows) -> str:
     if not isinstance(data, PipelineResult):
         return f"{100 * share:.1f} % of the step idle"
     v = f", v={data.chunks}" if data.chunks > 1 else ""
-    return (f"{data.schedule}, p={data.stages}, m={data.microbatches}{v}: "
+    if data.schedule in V_SCHEDULES:
+        v = f" ranks ({2 * data.stages} stages in a V)"
+    return (f"{data.schedule}, p={data.stages}{v}, m={data.microbatches}: "
             f"{100 * share:.1f} % of the step idle")
 
 
 def gantt(data, ax=None, title: str | None = None, unit: str = "time"):
     """Draw `data` (a PipelineResult or events) on `ax` (or a new figure, returned); stage 0
-    on top. Chunks of interleaved schedules are told apart by shade, the micro-batch number
-    written on each bar while there are at most LABELLED events. title: default the schedule,
-    p, m (v) and the idle share; unit: the x-axis label."""
+    on top. A rank's chunks (interleaved, zbv, dualpipev) are told apart by shade and hatching
+    (chunk 0 plain), the micro-batch number written on each bar while there are at most
+    LABELLED events; rows are "rank r" for the V schedules (each holds stages r and 2p-1-r).
+    title: default the schedule, p, m (v) and the idle share; unit: the x-axis label."""
     rows = as_events(data)
     fig = None
     if ax is None:
@@ -56,6 +60,7 @@ def gantt(data, ax=None, title: str | None = None, unit: str = "time"):
         ax.add_collection(PolyCollection(
             groups[(kind, chunk)], facecolors=COLOURS.get(kind, "grey"), edgecolors="white",
             linewidths=0.5 if len(rows) <= 2000 else 0.0, alpha=alpha,
+            hatch="////" if chunk and len(rows) <= 2000 else None,
             label=f"_chunk {chunk}" if chunk else NAMES.get(kind, kind)))
     if len(rows) <= LABELLED:
         for e in rows:
@@ -64,13 +69,14 @@ def gantt(data, ax=None, title: str | None = None, unit: str = "time"):
                         va="center", fontsize=7, color="white")
     stages = sorted({e.stage for e in rows})
     ticks = stages[::-(-len(stages) // 16)]          # at most 16 labels
-    ax.set_yticks(ticks, [f"stage {s}" for s in ticks])
+    row = "rank" if getattr(data, "schedule", None) in V_SCHEDULES else "stage"
+    ax.set_yticks(ticks, [f"{row} {s}" for s in ticks])
     ax.set_ylim(max(stages) + 0.6, min(stages) - 0.6)
     ax.set_xlim(start, start + (span if span > 0 else 1.0))
     ax.set_xlabel(unit)
     ax.set_title(_title(data, rows) if title is None else title, fontsize=9)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False,
-              title="lighter: later chunk" if chunks > 1 else None, title_fontsize=7)
+              title="lighter, hatched: later chunk" if chunks > 1 else None, title_fontsize=7)
     return fig if fig is not None else ax.figure
 
 

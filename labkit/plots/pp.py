@@ -14,7 +14,9 @@ from __future__ import annotations
 from labkit.pipeline import as_events, idle_share
 from labkit.plots import new_figure
 
-COLORS = {"F": "#0072B2", "B": "#D55E00", "W": "#009E73"}
+# BW: a full backward measured as one pass beside split ones (DualPipeV, a hand-written
+# schedule: labkit.labs.pp); the simulator draws it as a B and a W
+COLORS = {"F": "#0072B2", "B": "#D55E00", "W": "#009E73", "BW": "#CC79A7"}
 HATCHES = ("", "//", "\\\\", "xx", "..", "++")
 
 
@@ -38,9 +40,9 @@ def _rows(events, name: str) -> list:
 def draw(ax, rows: list, title: str, stages: int | None = None, span: float | None = None):
     """One step's operations as bars on `ax`, one row per stage; `span` fixes the x range.
 
-    Each bar is one operation: F forward, B backward (the input gradient for zero-bubble), W
-    weight gradient, labelled with its micro-batch; a later model chunk (interleaved) is drawn
-    hatched. Stage 0 is the top row; the idle share of the step (labkit.pipeline.idle_share) is
+    Each bar is one operation: F forward, B backward (the input gradient for split schedules),
+    W weight gradient, BW a measured full backward beside split ones, labelled with its
+    micro-batch; a later model chunk (interleaved, V) is drawn hatched. Stage 0 is the top row; the idle share of the step (labkit.pipeline.idle_share) is
     in the title."""
     n = stages or 1 + max(e.stage for e in rows)
     t0 = min(e.start for e in rows)
@@ -63,7 +65,8 @@ def _legend(fig, rows) -> None:
     from matplotlib.patches import Patch
 
     kinds = [k for k in COLORS if any(e.kind == k for e in rows)]
-    names = {"F": "forward", "B": "backward", "W": "weight gradient"}
+    names = {"F": "forward", "B": "backward", "W": "weight gradient",
+             "BW": "full backward (B + W)"}
     handles = [Patch(color=COLORS[k], label=names[k]) for k in kinds]
     chunks = sorted({e.chunk for e in rows} - {0})
     handles += [Patch(facecolor="white", edgecolor="grey", hatch=HATCHES[c % len(HATCHES)],

@@ -1,6 +1,6 @@
 """Live progress of a long call (a lab, a diagnosis case), so a running lab never looks hung.
 
-    with progress.task("lab pp --part torch on 4 ranks", expected=36.5):
+    with progress.task("lab pp --part torch on 4 ranks", expected=40.2):
         ...
 
 In a Jupyter kernel: one line, updated in place about once a second (IPython display_id) by a

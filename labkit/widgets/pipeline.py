@@ -14,8 +14,8 @@ from __future__ import annotations
 import ipywidgets as widgets
 
 from labkit.models import PRESETS
-from labkit.pipeline import (SCHEDULES, activation_memory, bubble_formula, check_shape,
-                             p2p_messages, simulate)
+from labkit.pipeline import (SCHEDULES, V_SCHEDULES, activation_memory, bubble_formula,
+                             check_shape, p2p_messages, paper_bubble, simulate)
 from labkit.plots import GB, png_bytes
 from labkit.plots.pipeline import gantt
 from labkit.widgets import Calculator, error_html, float_field, int_field, pick, row, table_html
@@ -24,6 +24,7 @@ from labkit.widgets import Calculator, error_html, float_field, int_field, pick,
 # the limit on a loaded laptop core (the simulator itself takes up to pipeline.MAX_OPS).
 MAX_OPS = 4096
 ZB_MAX_STAGES = 64      # zero-bubble's greedy simulation scans every stage at each op
+SPLIT = ("zero-bubble",) + V_SCHEDULES      # backward split into B (input grad) and W
 NO_MODEL = "none"
 TABLE_ROWS = 32         # stages listed in the table (the chart shows all)
 RANGES = {"fwd": ("forward (ms)", 1e-6, 1e6), "bwd": ("backward (ms)", 1e-6, 1e6),
@@ -35,8 +36,9 @@ def _ms(x: float) -> str:
 
 
 class PipelineCalculator(Calculator):
-    """Controls: schedule, stages, microbatches, chunks (interleaved-1f1b only), fwd, bwd (for
-    zero-bubble the input-gradient pass B alone), wgrad (zero-bubble only), p2p (ms per send),
+    """Controls: schedule, stages, microbatches, chunks (interleaved-1f1b only; zbv and dualpipev
+    hold 2 per rank), fwd, bwd (for zero-bubble, zbv and dualpipev the input-gradient pass B
+    alone), wgrad (those three only), p2p (ms per send),
     model ("none" or a preset: activation memory per stage) with batch_size and seq_len.
     `pipeline` (the PipelineResult), `formula` ((idle share, relative bubble) in closed form),
     `in_flight` (peak micro-batches per stage), `activations` (bytes per stage, None without a
@@ -86,7 +88,7 @@ class PipelineCalculator(Calculator):
         kw = dict(schedule=schedule, stages=typed["stages"], microbatches=typed["microbatches"],
                   chunks=typed.get("chunks", 1), fwd=self._number("fwd"),
                   bwd=self._number("bwd"), p2p=self._number("p2p"))
-        if schedule == "zero-bubble":
+        if schedule in SPLIT:
             kw["wgrad"] = self._number("wgrad")
         return kw
 
@@ -103,7 +105,7 @@ class PipelineCalculator(Calculator):
         c = self.controls
         schedule = c["schedule"].value
         c["chunks"].layout.display = "" if schedule == "interleaved-1f1b" else "none"
-        c["wgrad"].layout.display = "" if schedule == "zero-bubble" else "none"
+        c["wgrad"].layout.display = "" if schedule in SPLIT else "none"
         for name in ("batch_size", "seq_len"):
             c[name].layout.display = "none" if c["model"].value == NO_MODEL else ""
         try:
@@ -120,7 +122,7 @@ class PipelineCalculator(Calculator):
             result = simulate(**kw)
             formula = bubble_formula(schedule, p, m, v)
             memory = self._memory(kw)
-            messages = p2p_messages(p, m, v)
+            messages = p2p_messages(p, m, v, v_shape=schedule in V_SCHEDULES)
         except ValueError as exc:
             self.pipeline = self.formula = self.in_flight = self.activations = None
             self.messages = None
@@ -135,20 +137,34 @@ class PipelineCalculator(Calculator):
 
     def _verdict(self, kw) -> str:
         r, (share, rel) = self.pipeline, self.formula
-        zb = kw["schedule"] == "zero-bubble"
+        zb = kw["schedule"] in SPLIT
         assumed = "equal times on every stage, free sends" + (", F = B = W" if zb else "")
         same = abs(r.bubble_fraction - share) < 1e-9
         note = ("equal to the simulation" if same else "the simulation differs: "
                 + ("sends take time" if kw["p2p"] > 0 else "F, B, W are not equal"))
         msg = self.messages
-        split = (" For zero-bubble, backward is the input-gradient pass B alone and W the "
-                 "weight-gradient pass." if zb else "")
+        split = (f" For {kw['schedule']}, backward is the input-gradient pass B alone and W the "
+                 "weight-gradient pass." if zb else "") + self._paper(kw)
         return (f'<div class="labkit-verdict"><b>{100 * r.bubble_fraction:,.1f} %</b> of the '
                 f"step idle ({100 * r.bubble_ratio:,.1f} % relative to the ideal "
                 f"{_ms(r.ideal)}): the step takes {_ms(r.makespan)}. Closed form ({assumed}): "
                 f"{100 * share:,.1f} % of the step, {100 * rel:,.1f} % relative; {note}. "
                 f"Point-to-point: {msg.busiest_rank:,} sends on the busiest rank per step, "
                 f"{msg.total:,} over all ranks.{split}</div>")
+
+    def _paper(self, kw) -> str:
+        """ZB-V and DualPipeV: the papers' bubble (idle inside a rank's own span) beside the
+        simulated one."""
+        schedule = kw["schedule"]
+        if schedule not in V_SCHEDULES:
+            return ""
+        r = self.pipeline
+        said = paper_bubble(schedule, r.stages, kw["fwd"], kw["bwd"], kw["wgrad"])
+        source = ("Qi et al. 2024, §6: (p - 1)(T_F + T_B - 2 T_W) per chunk" if schedule == "zbv"
+                  else "DeepSeek DualPipe: (PP/2 - 1)(F&B + B - 3W) per chunk")
+        return (f" Paper ({source}): {_ms(said)} idle inside the busiest rank's span; simulated: "
+                f"{_ms(max(r.span_idle))}; peak {max(r.peak_chunks)} micro-batch chunks on a "
+                "rank (half a rank's layers each).")
 
     def _table(self) -> str:
         r = self.pipeline

@@ -12,7 +12,9 @@ also look at stage.submod), so a stand-in object is enough and no process group 
   So both schedules are also run here on a `Recorder` stage that records forward_one_chunk /
   backward_one_chunk and sends nothing.
 - ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble (several stages per rank, stage
-  chunk * p + rank): `pipeline_order` is what the runtime executes.
+  chunk * p + rank), ScheduleZBVZeroBubble and ScheduleDualPipeV (two stages per rank in a V:
+  r and 2p - 1 - r): `pipeline_order` is what the runtime executes (DualPipeV's OVERLAP_F_B
+  actions run their sub-actions one after the other, _PipelineScheduleRuntime._step_microbatches).
 """
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ import pytest
 import torch
 import torch.distributed.pipelining.schedules as S
 
-from labkit.pipeline import _run_orders, simulate
+from labkit.pipeline import _run_orders, p2p_messages, simulate
+from labkit.pipeline_v import dualpipev_orders, zbv_orders
 
 
 def stand_in(index: int, num_stages: int, rank: int, ranks: int):
@@ -163,3 +166,88 @@ def test_zero_bubble_forward_and_input_grad_order_equal_the_simulator(p, m):
     assert got.makespan == pytest.approx(m * 3 + (p - 1) * 1)
     assert got.makespan == pytest.approx(simulate("zero-bubble", p, m, 1.0, 1.0,
                                                   wgrad=1.0).makespan)
+
+
+# ---- V schedules: ZB-V and DualPipeV ------------------------------------------------------
+def v_stages(p: int):
+    """Rank 0's two stages (0 and 2p - 1): enough for torch to plan every rank."""
+    return [stand_in(0, 2 * p, 0, p), stand_in(2 * p - 1, 2 * p, 0, p)]
+
+
+def torch_steps(schedule) -> list[list[tuple]]:
+    """torch's pipeline_order in labkit.pipeline_v's notation: per rank, steps of passes
+    (kind, microbatch, stage), I as "B", a full backward B as "BW", an OVERLAP_F_B as its
+    sub-actions in one step; idle slots dropped."""
+    def passes(a):
+        subs = a.sub_actions or (a,)
+        return tuple(({"I": "B", "B": "BW"}.get(x.computation_type.value,
+                                                  x.computation_type.value),
+                      x.microbatch_index, x.stage_index) for x in subs)
+    order = schedule.pipeline_order
+    return [[passes(a) for a in order[r] if a is not None] for r in range(len(order))]
+
+
+def simulated_steps(schedule: str, p: int, m: int, f=1.0, b=1.0, w=1.0) -> list[list[tuple]]:
+    """The passes simulate timed on each rank, in time order, as (kind, microbatch, stage)."""
+    r = simulate(schedule, p, m, f, b, wgrad=w)
+    rows = [[] for _ in range(p)]
+    for e in sorted(r.events, key=lambda e: (e.stage, e.start)):
+        stage = e.stage if e.chunk == 0 else 2 * p - 1 - e.stage
+        rows[e.stage].append((e.kind, e.microbatch, stage))
+    return rows
+
+
+def flat(steps) -> list[list[tuple]]:
+    """Steps to passes; a full backward "BW" drawn as its B part then its W part."""
+    return [[(k, j, s) for step in row for kind, j, s in step
+             for k in (("B", "W") if kind == "BW" else (kind,))] for row in steps]
+
+
+COURSE = [(p, m) for p in (2, 4, 8) for m in (p, 2 * p, 4 * p)]
+
+
+@pytest.mark.parametrize("p, m", COURSE + [(1, 1), (3, 5), (4, 7), (4, 1)])
+def test_zbv_order_equals_torch_on_every_rank(p, m):
+    """ScheduleZBVZeroBubble accepts any m (it plans max(2p - 1, m) and drops the rest)."""
+    want = torch_steps(S.ScheduleZBVZeroBubble(v_stages(p), m))
+    assert zbv_orders(p, m) == want
+    assert simulated_steps("zbv", p, m) == flat(want)
+    assert simulated_steps("zbv", p, m, 1.0, 2.0, 0.5) == flat(want)
+
+
+@pytest.mark.parametrize("p, m", [(p, m) for p, m in COURSE if m >= 2 * p] + [(1, 2), (3, 7)])
+def test_dualpipev_order_equals_torch_on_every_rank(p, m):
+    """Overlapped pairs included: each (F; B) pair of torch is one step of labkit's order,
+    simulated as its forward then its full backward (drawn B then W)."""
+    want = torch_steps(S.ScheduleDualPipeV(v_stages(p), m))
+    assert dualpipev_orders(p, m) == want
+    assert any(len(step) == 2 for step in want[0])          # the pairs are there
+    assert simulated_steps("dualpipev", p, m) == flat(want)
+
+
+@pytest.mark.parametrize("p", [2, 4, 8])
+def test_dualpipev_at_fewer_microbatches_than_stages_is_refused_by_both(p):
+    with pytest.raises(ValueError, match="at least as many microbatches as stages"):
+        S.ScheduleDualPipeV(v_stages(p), p)
+    with pytest.raises(ValueError, match=f"microbatches={p} is fewer than the {2 * p} stages"):
+        simulate("dualpipev", p, p)
+
+
+def test_the_order_check_fails_for_another_order():
+    """The comparison is sharp: ZB-V's order is not DualPipeV's, nor torch's at another m."""
+    assert zbv_orders(4, 8) != torch_steps(S.ScheduleDualPipeV(v_stages(4), 8))
+    assert zbv_orders(4, 8) != torch_steps(S.ScheduleZBVZeroBubble(v_stages(4), 12))
+    swapped = [row[:] for row in zbv_orders(4, 8)]
+    swapped[2][5], swapped[2][6] = swapped[2][6], swapped[2][5]
+    assert swapped != torch_steps(S.ScheduleZBVZeroBubble(v_stages(4), 8))
+
+
+@pytest.mark.parametrize("cls, p, m", [(S.ScheduleZBVZeroBubble, 4, 8), (S.ScheduleDualPipeV, 4, 8),
+                                       (S.ScheduleZBVZeroBubble, 2, 2)])
+def test_v_sends_per_rank_equal_torch_communication_pass(cls, p, m):
+    """p2p_messages(v_shape=True) against the SEND_F / SEND_B actions torch's lowering adds."""
+    schedule = cls(v_stages(p), m)
+    sends = [sum(a.computation_type.value in ("SEND_F", "SEND_B") for a in row)
+             for row in schedule.pipeline_order_with_comms.values()]
+    got = p2p_messages(p, m, 2, v_shape=True)
+    assert max(sends) == got.busiest_rank and sum(sends) == got.total

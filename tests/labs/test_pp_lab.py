@@ -250,5 +250,6 @@ def test_bench_summary(byhand, torch_part):
         assert r["step_s"] > 0 and r["step_simulated_s"] > 0
         assert r["difference_points"] == pytest.approx(
             100 * (r["idle_measured"] - r["idle_simulated"]))
-    with pytest.raises(ValueError, match="--part byhand or torch"):
+        assert r["idle_ratio"] == pytest.approx(r["idle_measured"] / r["idle_simulated"])
+    with pytest.raises(ValueError, match="--part byhand, torch or custom"):
         summary({"part": "ppdp"})

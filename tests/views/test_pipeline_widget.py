@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 import pytest
 
-from labkit.pipeline import (activation_memory, bubble_formula, p2p_messages, simulate)
+from labkit.pipeline import (V_SCHEDULES, activation_memory, bubble_formula, p2p_messages,
+                             paper_bubble, simulate)
 from labkit.plots import png_bytes
 from labkit.plots.pipeline import COLOURS, gantt, side_by_side
 from labkit.widgets.pipeline import MAX_OPS, ZB_MAX_STAGES, PipelineCalculator
@@ -35,7 +36,7 @@ def check_pipeline(calc: PipelineCalculator) -> None:
         p, m, v = kw["stages"], kw["microbatches"], kw["chunks"]
         assert calc.formula == bubble_formula(kw["schedule"], p, m, v)
         assert calc.in_flight == want.peak_in_flight
-        assert calc.messages == p2p_messages(p, m, v)
+        assert calc.messages == p2p_messages(p, m, v, v_shape=kw["schedule"] in V_SCHEDULES)
         shown = _text(calc.result.value)
         assert f"{100 * want.bubble_fraction:,.1f} %" in shown
     else:
@@ -72,6 +73,28 @@ def test_typing_reaches_the_simulator():
     assert calc.controls["wgrad"].layout.display == "" and calc.pipeline.chunks == 1
     assert calc.pipeline.makespan == pytest.approx(3 * 8 + 3)  # m(f+b+w) + (p-1)(f+b-w)
     assert "equal to the simulation" in _text(calc.result.value)
+
+
+@pytest.mark.parametrize("schedule, bubble, peak", [("zbv", 1.5, 8), ("dualpipev", 3.0, 9)])
+def test_v_schedules_are_offered_with_the_papers_bubble(schedule, bubble, peak):
+    """zbv and dualpipev: two chunks a rank (no chunks control), W shown, the papers' bubble
+    inside a rank's span beside the simulation; p=4, m=8, f=b=w=1 ms."""
+    calc = PipelineCalculator(schedule=schedule, bwd=1.0, wgrad=1.0)
+    check_pipeline(calc)
+    assert calc.controls["chunks"].layout.display == "none"
+    assert calc.controls["wgrad"].layout.display == ""
+    assert calc.pipeline.chunks == 2 and calc.pipeline.makespan - calc.pipeline.ideal == bubble
+    shown = " ".join(_text(calc.result.value).split())
+    said = paper_bubble(schedule, 4, 1.0, 1.0, 1.0)
+    assert f"{said:,.3f} ms idle inside the busiest rank's span; simulated: {said:,.3f} ms" in shown
+    assert f"peak {peak} micro-batch chunks on a rank" in shown
+    assert "equal to the simulation" in shown
+    type_into(calc, microbatches="6")
+    if schedule == "dualpipev":
+        assert calc.error.startswith("micro-batches m=6 is fewer than the 8 stages of dualpipev")
+    else:
+        assert calc.error is None
+    check_pipeline(calc)
 
 
 def test_activation_memory_per_stage_for_a_model():
@@ -141,6 +164,19 @@ def test_the_real_gantt_chart_has_stages_colours_and_microbatch_numbers():
     assert len(colours) == len(COLOURS) == 3
 
 
+@pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
+def test_gantt_of_a_v_schedule_tells_chunks_apart_and_shows_w(schedule):
+    r = simulate(schedule, 4, 8, fwd=1.0, bwd=1.0, wgrad=1.0)
+    ax = gantt(r).axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [f"rank {i}" for i in range(4)]
+    assert ax.get_title().startswith(f"{schedule}, p=4 ranks (8 stages in a V), m=8")
+    drawn = [(c.get_label(), c.get_hatch()) for c in ax.collections]
+    # chunk 0 plain and in the legend, chunk 1 hatched: F, B and W of each
+    assert {name for name, hatch in drawn if not hatch} == {"forward", "backward", "weight grad"}
+    assert [name for name, hatch in drawn if hatch] == ["_chunk 1"] * 3
+    assert sum(len(c.get_paths()) for c in ax.collections) == len(r.events)
+
+
 def test_measured_events_beside_the_simulation():
     sim = simulate("gpipe", 4, 8, fwd=0.01, bwd=0.02)
     measured = [dict(stage=e.stage, kind=e.kind, microbatch=e.microbatch, chunk=0,
@@ -163,7 +199,8 @@ FEWER = settings(PROPERTY, max_examples=25)
 @given(data=st.data())
 def test_pipeline_calculator_shows_a_result_or_a_message(data):
     start = data.draw(st.sampled_from([{}, {"schedule": "interleaved-1f1b"},
-                                       {"schedule": "zero-bubble"}, {"model": "gpt2"}]))
+                                       {"schedule": "zero-bubble"}, {"schedule": "zbv"},
+                                       {"schedule": "dualpipev"}, {"model": "gpt2"}]))
     calc = PipelineCalculator(**start)
     weights = dict.fromkeys(CONTROLS, 1)
     weights.update({n: 3 for n in ("stages", "microbatches", "chunks", "fwd", "bwd")})

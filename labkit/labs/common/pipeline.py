@@ -124,43 +124,127 @@ def durations(events, kind: str) -> float:
     return statistics.fmean(xs) if xs else 0.0
 
 
-def formula(schedule: str, p: int, m: int, v: int = 1) -> float:
+def formula(schedule: str, p: int, m: int, v: int = 1) -> float | None:
     """The idle share of the step in closed form ((p-1)/(m+p-1), interleaved (p-1)/(vm+p-1));
-    zero-bubble at f = b = w: (p-1)/(3m+p-1)."""
+    zero-bubble at f = b = w: (p-1)/(3m+p-1); None for a schedule without one here (ZB-V,
+    DualPipeV, a learner's)."""
+    if schedule not in ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"):
+        return None
     k = {"interleaved-1f1b": v, "zero-bubble": 3}.get(schedule, 1)
     return (p - 1) / (k * m + p - 1)
 
 
-def _gaps(events: list, p: int, v: int = 1) -> tuple[list, list]:
+def loop_placement(p: int, v: int = 1) -> dict[int, int]:
+    """{virtual stage: rank} of the loop placement: rank r holds r, r + p, ... (Megatron-LM's)."""
+    return {c * p + r: r for c in range(v) for r in range(p)}
+
+
+def predicted_sends(placement: dict, m: int, size: int) -> list[list[int]]:
+    """Per rank [sends, bytes] of one step, from where each virtual stage runs ({stage: rank}):
+    a stage sends its activation forward unless it is the last, its input gradient backward
+    unless it is the first, once per micro-batch, each `size` bytes, except to a neighbour on
+    its own rank: torch.distributed.pipelining hands that over in memory (its "V-schedule
+    special case": set_local_fwd_input / set_local_bwd_input, no send). So in the V placement
+    the hop between stages p - 1 and p, both on rank p - 1, costs no message."""
+    n, ranks = len(placement), max(placement.values()) + 1
+    out = [[0, 0] for _ in range(ranks)]
+    for s, r in placement.items():
+        k = m * ((s != n - 1 and placement[s + 1] != r) + (s != 0 and placement[s - 1] != r))
+        out[r][0] += k
+        out[r][1] += k * size
+    return out
+
+
+def overlapped_pairs(schedule: str, p: int, m: int, actions: dict | None = None) -> dict:
+    """{first pass: second pass}, each (virtual stage, measured kind, micro-batch), of the
+    overlapped forward-backward pairs (torch's OVERLAP_F_B) of DualPipeV
+    (labkit.pipeline_v's replay of torch's order) or of a hand-written schedule's `actions`
+    ({rank: [action strings]}; a full backward B there is measured as "BW" when the schedule
+    splits others, else "B")."""
+    import re
+
+    if schedule == "dualpipev":
+        from labkit.pipeline_v import dualpipev_orders
+
+        return {(a[2], a[0], a[1]): (b[2], b[0], b[1])
+                for steps in dualpipev_orders(p, m) for step in steps if len(step) == 2
+                for a, b in [step]}
+    if not actions:
+        return {}
+    split = any(re.search(r"\d[IW]\d", a) for row in actions.values() for a in row)
+    kind = {"F": "F", "I": "B", "W": "W", "B": "BW" if split else "B"}
+    out = {}
+    for row in actions.values():
+        for a in row:
+            ops = re.findall(r"(\d+)([FIBW])(\d+)", a) if "OVERLAP" in a else []
+            for (s1, k1, j1), (s2, k2, j2) in zip(ops, ops[1:]):
+                out[(int(s1), kind[k1], int(j1))] = (int(s2), kind[k2], int(j2))
+    return out
+
+
+def message_bytes(args) -> int:
+    """Bytes of one message between stages: a micro-batch's activation (or its gradient),
+    micro-batch x seq x hidden fp32 values."""
+    return args.micro_batch * args.seq * args.hidden * 4
+
+
+def _gaps(events: list, p: int, v: int = 1, placement: dict | None = None,
+          pairs: dict | None = None) -> tuple[list, list]:
     """(waited, ready): for every op after a stage's first, the time from the end of what it
     waited for to its start. waited: its message came from another stage after this stage's
     previous op ended (the gap from that message's op's end: p2p); ready: its input was there
-    by then (the gap from the previous op's end: the framework's per-op overhead)."""
-    by_key = {(e["kind"], e["microbatch"], e["chunk"] * p + e["stage"]): e for e in events}
-    last = p * v - 1
+    by then (the gap from the previous op's end: the framework's per-op overhead). placement:
+    {virtual stage: rank} (default the loop, `loop_placement`); an event's virtual stage is its
+    rank's chunk-th (chunks in the order of the stages a rank holds). A full backward "BW"
+    counts as a backward; a neighbour on the same rank sends no message (`predicted_sends`).
+    pairs: {first pass: second pass} of overlapped pairs, each (virtual stage, kind,
+    micro-batch) (`overlapped_pairs`): torch posts a pair's sends after both passes, so the
+    first pass's output leaves when the second ends; a wait for it is p2p, not overhead."""
+    placement = loop_placement(p, v) if placement is None else placement
+    held: dict = {}
+    for s in sorted(placement):
+        held.setdefault(placement[s], []).append(s)
+
+    def virtual(e):
+        return held[e["stage"]][e["chunk"]]
+
+    back = ("B", "BW")
+    by_key, out = {}, {}
+    for e in events:
+        by_key[("B" if e["kind"] in back else e["kind"], e["microbatch"], virtual(e))] = e
+        out[(virtual(e), e["kind"], e["microbatch"])] = e
+    for first, second in (pairs or {}).items():       # the pair's output leaves at its end
+        if first in out and second in out:
+            out[first] = dict(out[first], end=out[second]["end"])
+
+    def released(dep):
+        return out[(virtual(dep), dep["kind"], dep["microbatch"])]["end"]
+
+    last = len(placement) - 1
     waited, ready, prev = [], [], {}
     for e in sorted(events, key=lambda e: (e["start"], e["stage"])):
-        vs = e["chunk"] * p + e["stage"]
+        vs = virtual(e)
         if e["kind"] == "F":
             dep = by_key.get(("F", e["microbatch"], vs - 1))
-        elif e["kind"] == "B":
+        elif e["kind"] in back:
             dep = by_key.get(("F" if vs == last else "B", e["microbatch"],
                               vs if vs == last else vs + 1))
         else:
             dep = by_key.get(("B", e["microbatch"], vs))
         before = prev.get(e["stage"])
         if before is not None:
-            if dep is not None and dep["stage"] != e["stage"] and dep["end"] > before["end"]:
-                waited.append(e["start"] - dep["end"])
+            if dep is not None and dep["stage"] != e["stage"] and released(dep) > before["end"]:
+                waited.append(e["start"] - released(dep))
             else:
                 ready.append(e["start"] - before["end"])
         prev[e["stage"]] = e
     return waited, ready
 
 
-def costs(events: list, p: int, v: int = 1) -> dict:
-    """This run's costs for simulate: mean compute of F, B, W per stage (all its chunks; W per
-    op), the per-op `overhead`, `p2p` net of it (`latency` before).
+def costs(events: list, p: int, v: int = 1, placement: dict | None = None,
+          pairs: dict | None = None) -> dict:
+    """This run's costs for simulate: mean compute of F, B, W per stage (all its chunks), the
+    per-op `overhead`, `p2p` net of it (`latency` before).
 
     `labkit.pipeline.simulate(schedule, p, m, fwd, bwd[, wgrad], p2p)` runs at these costs, all
     means over the step's events (the step is a sum of ops along its critical path, so the mean
@@ -173,26 +257,43 @@ def costs(events: list, p: int, v: int = 1) -> dict:
       (the hand-built schedules less); left out, its step is longer than the simulator's and its
       idle share 5 to 10 points above.
     - p2p = the measured time from an op's end to the start of the op on another stage that
-      waited for its message (`_gaps`), less `overhead` (already charged to the sender's op)."""
-    f, b = (durations(events, k) * v for k in "FB")
-    waited, ready = _gaps(events, p, v)
+      waited for its message (`_gaps`), less `overhead` (already charged to the sender's op).
+    A step that runs some backwards whole ("BW": torch's full backward B, the input and the
+    weight gradient in one pass, beside split ones: DualPipeV, a learner's schedule): b + w is
+    the mean backward of a micro-batch chunk over all of them, whole or split (the sum over the
+    step is the run's), shared between b and w as the split ones share it (half each when none
+    is split). placement, pairs: `_gaps`'s."""
+    def times(kind):
+        return [e["end"] - e["start"] for e in events if e["kind"] == kind]
+
+    fs, bs, ws, bws = (times(k) for k in ("F", "B", "W", "BW"))
+    f = statistics.fmean(fs) if fs else 0.0
+    b = statistics.fmean(bs) if bs else 0.0
+    w = statistics.fmean(ws) if ws else 0.0
+    if bws:
+        unit = (sum(bs) + sum(ws) + sum(bws)) / (max(len(bs), len(ws)) + len(bws))
+        share = sum(bs) / (sum(bs) + sum(ws)) if bs and ws and sum(bs) + sum(ws) > 0 else 0.5
+        b, w = unit * share, unit * (1 - share)
+    waited, ready = _gaps(events, p, v, placement, pairs)
     overhead = max(0.0, statistics.fmean(ready)) if ready else 0.0
     latency = max(0.0, statistics.fmean(waited)) if waited else 0.0
-    return dict(fwd=f, bwd=b, wgrad=durations(events, "W"), overhead=overhead,
-                p2p=max(0.0, latency - overhead), latency=latency)
+    return dict(fwd=f * v, bwd=b * v, wgrad=w * v,
+                overhead=overhead, p2p=max(0.0, latency - overhead), latency=latency)
 
 
-def least_disturbed_step(step, repeats: int, schedule: str, p: int, m: int, v: int = 1):
+def least_disturbed_step(step, repeats: int, schedule: str, p: int, m: int, v: int = 1,
+                         **beside_kw):
     """(row, payload) of the least disturbed of `repeats` steps: step() runs one measured step on
     every rank and returns (every rank's events, payload); row is `beside` for the step that
     took the least time (timeit's rule: on loaded, shared cores another process can stall a rank
     for milliseconds, which only ever lengthens a step and adds idle time, so the shortest step
     is the one closest to the schedule itself). Every step's measured and simulated idle share and
-    length are kept in row["repeats"] (row["idle_repeats"]: the measured ones)."""
+    length are kept in row["repeats"] (row["idle_repeats"]: the measured ones). beside_kw:
+    `beside`'s placement, simulator and actions."""
     runs = []
     for _ in range(repeats):
         events, payload = step()
-        runs.append((beside(schedule, events, p, m, v), payload))
+        runs.append((beside(schedule, events, p, m, v, **beside_kw), payload))
     best = min(range(repeats), key=lambda i: runs[i][0]["step_measured"])
     row, payload = runs[best]
     row["idle_repeats"] = [r["idle_measured"] for r, _ in runs]
@@ -202,27 +303,46 @@ def least_disturbed_step(step, repeats: int, schedule: str, p: int, m: int, v: i
     return row, payload
 
 
-def _simulate(row: dict):
+SPLIT_BACKWARD = ("zero-bubble", "zbv", "dualpipev")    # simulate() takes their W apart
+V_SHAPED = ("zbv", "dualpipev")                         # two stages per rank, in a V
+
+
+def _simulate(row: dict, simulator=None):
     """simulate() at a `beside` row's costs: each op's compute plus the per-op overhead, p2p
-    net of it (`costs`)."""
+    net of it (`costs`); `simulator(row, fwd, bwd, wgrad, p2p)` instead where given (a
+    learner's schedule: labkit.pipeline_check.simulate_schedule)."""
     from labkit.pipeline import simulate
 
-    o, v = row["overhead_s"], row["chunks"]
-    kw = {"wgrad": max(row["wgrad_s"] + o, 1e-6)} if row["schedule"] == "zero-bubble" else {}
-    return simulate(row["schedule"], row["stages"], row["microbatches"], fwd=row["fwd_s"] + v * o,
-                    bwd=row["bwd_s"] + v * o, chunks=v, p2p=row["p2p_s"], **kw)
+    o, v = row.get("overhead_pass_s", row["overhead_s"]), row["chunks"]
+    f, b, c = row["fwd_s"] + v * o, row["bwd_s"] + v * o, row["p2p_s"]
+    w = None if row["wgrad_s"] is None else max(row["wgrad_s"] + v * o, 1e-6)
+    if simulator is not None:
+        return simulator(row, fwd=f, bwd=b, wgrad=w, p2p=c)
+    kw = {"wgrad": w} if row["schedule"] in SPLIT_BACKWARD else {}
+    if row["schedule"] not in V_SHAPED:
+        kw["chunks"] = v
+    return simulate(row["schedule"], row["stages"], row["microbatches"], fwd=f, bwd=b, p2p=c,
+                    **kw)
 
 
-def simulated(row: dict) -> list[dict]:
+def simulated(row: dict, simulator=None) -> list[dict]:
     """The events of simulate() at a `beside` row's costs, each cut to its compute (the overhead
     after it is idle, as in the measured step): drawn beside the measured events
     (labkit.plots.pp.beside), their idle share is row["idle_simulated"]."""
-    o = row["overhead_s"]
+    o = row.get("overhead_pass_s", row["overhead_s"])
     return [dict(stage=e.stage, kind=e.kind, microbatch=e.microbatch, chunk=e.chunk,
-                 start=e.start, end=e.end - o) for e in _simulate(row).events]
+                 start=e.start, end=e.end - o) for e in _simulate(row, simulator).events]
 
 
-def beside(schedule: str, events: list, p: int, m: int, v: int = 1) -> dict:
+def _expand_full(orders: dict) -> dict:
+    """Stage orders with each measured full backward ("BW", one pass) written as the simulator
+    draws it: its B part, then its W part."""
+    return {s: [x for op in ops for x in ([("B", *op[1:]), ("W", *op[1:])] if op[0] == "BW"
+                                          else [op])] for s, ops in orders.items()}
+
+
+def beside(schedule: str, events: list, p: int, m: int, v: int = 1, placement=None,
+           simulator=None, actions=None) -> dict:
     """A measured step (every rank's events) beside simulate() at its measured op costs: the
     idle shares and their difference in points, whether each stage ran the simulator's order,
     the peak in-flight micro-batches the simulator predicts, the costs used.
@@ -230,18 +350,27 @@ def beside(schedule: str, events: list, p: int, m: int, v: int = 1) -> dict:
     The simulated idle share is labkit.pipeline.idle_share of the simulated ops cut back to
     their compute (`simulated`), as the measured one counts only compute busy: the overhead is
     idle time on both sides, and both steps end with the last compute. The closed form
-    (p - 1)/(m + p - 1) (interleaved: (p - 1)/(v m + p - 1)) is reported beside it."""
+    (p - 1)/(m + p - 1) (interleaved: (p - 1)/(v m + p - 1)) is reported beside it where there
+    is one (`formula`). placement: {virtual stage: rank} (default the loop placement; the V
+    for zbv and dualpipev); simulator: `_simulate`'s, actions: its rows (a learner's
+    schedule)."""
     from labkit.parallel.pipe import stage_orders
     from labkit.pipeline import idle_share
 
-    c = costs(events, p, v)
+    if placement is None and schedule in V_SHAPED:
+        placement = {s: min(s, 2 * p - 1 - s) for s in range(2 * p)}
+    c = costs(events, p, v, placement, overlapped_pairs(schedule, p, m, actions))
+    split = schedule in SPLIT_BACKWARD or any(e["kind"] in ("W", "BW") for e in events)
     row = dict(schedule=schedule, stages=p, microbatches=m, chunks=v, fwd_s=c["fwd"],
                bwd_s=c["bwd"], p2p_s=c["p2p"], overhead_s=c["overhead"],
-               wgrad_s=c["wgrad"] if schedule == "zero-bubble" else None)
-    sim = _simulate(row)
-    got, want = stage_orders(events), stage_orders(sim)
+               wgrad_s=c["wgrad"] if split else None)
+    whole = sum(e["kind"] == "BW" for e in events)
+    if whole:   # the simulator runs each BW as two passes, B and W: the step's overhead over them
+        row["overhead_pass_s"] = c["overhead"] * len(events) / (len(events) + whole)
+    sim = _simulate(row, simulator)
+    got, want = _expand_full(stage_orders(events)), stage_orders(sim)
     no_w = {s: [op for op in ops if op[0] != "W"] for s, ops in got.items()}
-    cut = simulated(row)
+    cut = simulated(row, simulator)
     measured, idle_sim = idle_share(events, p), idle_share(cut, p)
     return dict(row, idle_measured=measured, idle_simulated=idle_sim, idle_formula=formula(
                     schedule, p, m, v), difference_points=100 * (measured - idle_sim),
@@ -251,5 +380,5 @@ def beside(schedule: str, events: list, p: int, m: int, v: int = 1) -> dict:
                                               for s, ops in want.items()},
                 step_measured=max(e["end"] for e in events) - min(e["start"] for e in events),
                 step_simulated=max(e["end"] for e in cut) - min(e["start"] for e in cut),
-                predicted_in_flight=sim.peak_in_flight,
+                predicted_in_flight=list(sim.peak_in_flight),
                 events=events)

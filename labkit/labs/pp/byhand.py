@@ -55,14 +55,19 @@ def print_byhand(r: dict) -> None:
 
 
 def print_rows(rows: dict) -> None:
-    """The table every part prints: per schedule, loss difference, idle shares, peaks."""
-    print(f"  {'schedule':<18}{'|loss diff|':>12}{'idle meas':>10}{'sim':>7}{'formula':>8}"
-          f"{'diff pts':>9}  order  {'peak in flight (meas / sim)'}")
+    """The table every part prints: per schedule, loss and largest gradient difference from
+    one process, idle shares measured and simulated (their ratio, the closed form where there
+    is one, the difference in points), the same order as the simulator's, peaks held measured
+    / simulated."""
+    print(f"  {'schedule':<18}{'|loss diff|':>12}{'|grad diff|':>12}{'idle meas':>10}{'sim':>7}"
+          f"{'ratio':>7}{'formula':>8}{'diff pts':>9}  order  {'peak in flight (meas / sim)'}")
     for name, row in rows.items():
         peaks = " ".join(f"{a:g}/{b:g}" for a, b in zip(row["peak_in_flight"],
                                                         row["predicted_in_flight"]))
-        print(f"  {name:<18}{row['loss_diff']:>12.1e}{row['idle_measured']:>10.3f}"
-              f"{row['idle_simulated']:>7.3f}{row['idle_formula']:>8.3f}"
+        form = "-" if row["idle_formula"] is None else f"{row['idle_formula']:.3f}"
+        ratio = (row["idle_measured"] / row["idle_simulated"] if row["idle_simulated"] > 0
+                 else float("nan"))
+        print(f"  {name:<18}{row['loss_diff']:>12.1e}{row['grad_max_diff']:>12.1e}"
+              f"{row['idle_measured']:>10.3f}{row['idle_simulated']:>7.3f}{ratio:>7.2f}{form:>8}"
               f"{row['difference_points']:>9.1f}  {'same ' if row['same_order'] else 'DIFF '}"
               f"  {peaks}")
-

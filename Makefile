@@ -59,7 +59,7 @@ doctor: setup
 
 test: setup
 	$(PY) -m pytest -n $(WORKERS) --dist loadfile --nbval-lax --nbval-current-env \
-		tests solutions $(PYTEST_ARGS)
+		tests $(PYTEST_ARGS)
 
 test-fast: setup
 	$(PY) -m pytest -n $(WORKERS) --dist loadfile -m "not multirank and not notebook and not server" tests

@@ -22,7 +22,7 @@ MODULES = (
     Module("04", "04_zero", "ZeRO", "build ZeRO-1/2/3, measure per-rank memory and communication against the formulas", 120),
     Module("05", "05_fsdp", "FSDP", "FSDP2 `fully_shard` on a transformers model, wrapping, mixed precision, checkpoints", 90),
     Module("06", "06_tensor_parallel", "tensor parallelism", "Megatron column/row parallel by hand, then DTensor; sequence parallelism", 120),
-    Module("07", "07_pipeline_parallel", "pipeline parallelism", "schedules and bubbles, GPipe by hand, torch.distributed.pipelining", 120),
+    Module("07", "07_pipeline_parallel", "pipeline parallelism", "schedules and bubbles up to ZB-V and DualPipeV, GPipe by hand, torch.distributed.pipelining, a schedule of your own", 120),
     Module("08", "08_3d_parallelism", "3D parallelism", "DeviceMesh, TP+FSDP, PP+DP, a planner for real clusters, case studies", 120),
     Module("09", "09_interview_prep", "interview prep", "answer numeric questions fast, design a 70B run, diagnose a slow run", 60),
     Module("10", "10_mixture_of_experts", "mixture of experts", "count MoE models exactly, route and balance tokens, expert parallelism by all-to-all, size an MoE run", 120),

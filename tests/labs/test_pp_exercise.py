@@ -319,8 +319,8 @@ CELL_TIMEOUT = 300
 @pytest.mark.notebook
 @pytest.mark.multirank
 def test_untouched_exercises_fail_and_shortcuts_are_refused(tmp_path):
-    """Every stub fails; an answer that calls labkit's own idle share or reads 1F1B's order off
-    the simulator is refused, naming what it called."""
+    """Every stub fails; an answer that calls labkit's own idle share, reads 1F1B's order off
+    the simulator or ZB-H1's off torch's schedule is refused, naming what it called."""
     import nbformat
 
     from labkit.course import exercises as ex, grader
@@ -335,6 +335,9 @@ def test_untouched_exercises_fail_and_shortcuts_are_refused(tmp_path):
         "from labkit.pipeline import simulate\n\n\ndef one_f_one_b(stage, stages, microbatches):\n"
         "    return [(e.kind, e.microbatch) for e in simulate('1f1b', stages, microbatches).events"
         "\n            if e.stage == stage]")
+    nb.cells[lay.exercise("write_zbh1").index].source = (
+        "from torch.distributed.pipelining.schedules import ScheduleInterleavedZeroBubble\n\n\n"
+        "def write_zbh1(stages, microbatches):\n    return ScheduleInterleavedZeroBubble")
     path = tmp_path / "07_pipeline_parallel.ipynb"
     nbformat.write(nb, str(path))
     report = grader.grade_notebook(path, template=solution, timeout=CELL_TIMEOUT)
@@ -346,7 +349,11 @@ def test_untouched_exercises_fail_and_shortcuts_are_refused(tmp_path):
     assert not report.ok and not any(c.passed for c in report.checks), report.format()
     assert "bubble imports labkit.pipeline.idle_share; write it yourself" in verdict["bubble"].message
     assert "order imports labkit.pipeline; write it yourself" in verdict["order"].message
-    for name in ("microbatches", "gpipe", "memory"):
+    for name in ("write_zbh1.split", "write_zbh1.memory", "write_zbh1.ranks"):
+        assert ("write_zbh1 imports torch.distributed.pipelining.schedules."
+                "ScheduleInterleavedZeroBubble; write it yourself") in verdict[name].message
+    for name in ("microbatches", "gpipe", "memory", "write_1f1b.torch", "write_1f1b.order",
+                 "write_1f1b.ranks"):
         assert "not attempted yet" in verdict[name].message, verdict[name].message
 
 

@@ -37,8 +37,10 @@ def _rows(events, name: str) -> list:
     return rows
 
 
-def draw(ax, rows: list, title: str, stages: int | None = None, span: float | None = None):
-    """One step's operations as bars on `ax`, one row per stage; `span` fixes the x range.
+def draw(ax, rows: list, title: str, stages: int | None = None, span: float | None = None,
+         row: str = "stage"):
+    """One step's operations as bars on `ax`, one row per stage; `span` fixes the x range;
+    `row` names the rows ("rank" where a rank holds several stages, as in a V).
 
     Each bar is one operation: F forward, B backward (the input gradient for split schedules),
     W weight gradient, BW a measured full backward beside split ones, labelled with its
@@ -55,7 +57,7 @@ def draw(ax, rows: list, title: str, stages: int | None = None, span: float | No
             ax.text((e.start + e.end) / 2 - t0, e.stage, str(e.microbatch), ha="center",
                     va="center", fontsize=7, color="white")
     ax.set_ylim(n - 0.5, -0.5)
-    ax.set_yticks(range(n), [f"stage {i}" for i in range(n)])
+    ax.set_yticks(range(n), [f"{row} {i}" for i in range(n)])
     ax.set_xlim(0, width)
     ax.set_title(f"{title}: idle {100 * idle_share(rows, n):.1f}% of the step", fontsize=10)
     return ax
@@ -75,27 +77,27 @@ def _legend(fig, rows) -> None:
                frameon=False)
 
 
-def gantt(events, title: str = "pipeline step", stages: int | None = None):
+def gantt(events, title: str = "pipeline step", stages: int | None = None, row: str = "stage"):
     """A Figure: one step's events as a Gantt chart (x: seconds from the first start)."""
     rows = _rows(events, "events")
     n = stages or 1 + max(e.stage for e in rows)
     fig = new_figure(8, 0.5 * n + 1.4)
-    draw(fig.add_subplot(), rows, title, n)
+    draw(fig.add_subplot(), rows, title, n, row=row)
     fig.axes[0].set_xlabel("time (s)")
     _legend(fig, rows)
     return fig
 
 
-def beside(measured, simulated, titles=("measured", "simulated")):
+def beside(measured, simulated, titles=("measured", "simulated"), row: str = "stage"):
     """A Figure of two Gantt charts, measured above simulated, on the same time scale (the
-    longer step's), each with its idle share in the title."""
+    longer step's), each with its idle share in the title; `row` names the rows (`draw`)."""
     got, want = _rows(measured, "measured"), _rows(simulated, "simulated")
     n = 1 + max(e.stage for e in got + want)
     span = max(max(e.end for e in r) - min(e.start for e in r) for r in (got, want))
     fig = new_figure(8, 1.0 * n + 2.0)
     axes = fig.subplots(2, 1, sharex=True)
     for ax, rows, title in zip(axes, (got, want), titles):
-        draw(ax, rows, title, n, span)
+        draw(ax, rows, title, n, span, row)
     axes[1].set_xlabel("time (s)")
     _legend(fig, got + want)
     return fig

@@ -18,6 +18,8 @@ import csv
 
 import pytest
 
+from labkit.pipeline import bubble_formula
+
 from labkit.runtime.launch import LabError, run_lab
 
 P, M, S, H = 4, 8, 32, 64
@@ -78,7 +80,7 @@ def test_v_schedules_match_one_process_and_their_predictions(vshaped):
         assert row["predicted_in_flight"] == [peaks[name]] * P, name
         # torch runs its own order and labkit.pipeline_v replays it: the same, W included
         assert row["same_order"], (name, row["stages_out_of_order"])
-        assert row["idle_formula"] is None
+        assert row["idle_formula"] == pytest.approx(bubble_formula(name, P, M)[0]), name
         forwards = [e for e in row["events"] if e["kind"] == "F"]
         assert len(forwards) == 2 * P * M and {e["chunk"] for e in forwards} == {0, 1}
         # every micro-batch chunk's backward: split (B and W) or whole (BW), never both
@@ -262,7 +264,8 @@ def test_bench_summary_lists_files_and_v_schedules(together):
     assert [(r["impl"], r["schedule"]) for r in rows] == [
         ("csv", "1f1b-p4-m8"), ("csv", "zbh1-p4-m8"), ("torch", "zbv"), ("torch", "dualpipev")]
     for r in rows:
-        assert r["idle_formula"] is None and r["step_s"] > 0
+        want = None if r["impl"] == "csv" else bubble_formula(r["schedule"], P, M)[0]
+        assert r["idle_formula"] == want and r["step_s"] > 0
         assert r["idle_ratio"] == pytest.approx(r["idle_measured"] / r["idle_simulated"])
 
 

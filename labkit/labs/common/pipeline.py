@@ -125,13 +125,15 @@ def durations(events, kind: str) -> float:
 
 
 def formula(schedule: str, p: int, m: int, v: int = 1) -> float | None:
-    """The idle share of the step in closed form ((p-1)/(m+p-1), interleaved (p-1)/(vm+p-1));
-    zero-bubble at f = b = w: (p-1)/(3m+p-1); None for a schedule without one here (ZB-V,
-    DualPipeV, a learner's)."""
-    if schedule not in ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"):
+    """The idle share of the step in closed form at the lab's equal costs (f = b = w:
+    labkit.pipeline.bubble_formula, e.g. (p-1)/(m+p-1) for 1F1B, (p-1)/(3m+p-1) for
+    zero-bubble); None for a learner's schedule, which has none."""
+    from labkit.pipeline import SCHEDULES, bubble_formula
+
+    if schedule not in SCHEDULES:
         return None
-    k = {"interleaved-1f1b": v, "zero-bubble": 3}.get(schedule, 1)
-    return (p - 1) / (k * m + p - 1)
+    return bubble_formula(schedule, p, m, v if schedule == "interleaved-1f1b" else 1,
+                          divisible=False)[0]
 
 
 def loop_placement(p: int, v: int = 1) -> dict[int, int]:

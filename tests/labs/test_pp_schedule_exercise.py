@@ -63,13 +63,17 @@ def gpipe(stages, microbatches):
             for r in range(stages)}
 
 
-def backward_first(stages, microbatches):
-    """1F1B with rank 1's first backward moved before its first forward."""
-    out = one_f_one_b(stages, microbatches)
-    row = out[1]
-    i, j = row.index("1F0"), row.index("1B0")
+def swapped(out, rank, a, b):
+    """`out` with actions a and b of `rank` swapped."""
+    row = out[rank]
+    i, j = row.index(a), row.index(b)
     row[i], row[j] = row[j], row[i]
     return out
+
+
+def backward_first(stages, microbatches):
+    """1F1B with rank 1's first backward moved before its first forward."""
+    return swapped(one_f_one_b(stages, microbatches), 1, "1F0", "1B0")
 
 
 def warm_up_reversed(stages, microbatches):
@@ -137,11 +141,7 @@ def one_more_warm_up(stages, microbatches):
 
 
 def w_before_i(stages, microbatches):
-    out = zbh1(stages, microbatches)
-    row = out[0]
-    i, j = row.index("0I0"), row.index("0W0")
-    row[i], row[j] = row[j], row[i]
-    return out
+    return swapped(zbh1(stages, microbatches), 0, "0I0", "0W0")
 
 
 # --------------------------------------------------------------------- right answers pass

@@ -62,7 +62,8 @@ def covered(a, b) -> float:
 #       a worker), c10d::* (the caller's enqueue, e.g. c10d::allreduce_), nccl:*,
 #       record_param_comms.
 #   CPU compute: cat "cpu_op" named aten::*, unless inside a communication event on the same
-#       thread (a collective's own copies are communication).
+#       thread (a collective's own copies are communication); and labkit::compute* ranges
+#       (the pipeline labs' SleepLayer sleeps in place of a stage's matmuls, under that name).
 #   GPU (NCCL) communication: cat "kernel" named nccl* (ncclDevKernel_AllReduce_Sum_f32_RING_LL,
 #       older ncclKernel_...). The CPU-side c10d::*, nccl:*, record_param_comms only launch them.
 #   GPU compute: every other cat "kernel" event. Memcpy/memset (cat gpu_memcpy, gpu_memset) and
@@ -86,7 +87,7 @@ def is_compute(event: dict, *, gpu: bool = False) -> bool:
     name = str(event.get("name", ""))
     if gpu:
         return event.get("cat") == "kernel" and not COMM_NAME.match(name)
-    return event.get("cat") == "cpu_op" and name.startswith("aten::")
+    return (event.get("cat") == "cpu_op" and name.startswith("aten::")) or name.startswith("labkit::compute")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -190,31 +191,85 @@ def steps(trace) -> list[int]:
                   if (m := re.fullmatch(r"ProfilerStep#(\d+)", str(e.get("name", "")))))
 
 
-def summarize(trace, *, step: int | None = None, top: int = 10) -> TraceSummary:
-    """Compute, communication, exposed communication and idle time of one rank's trace (a path,
-    a loaded dict or a list of events), whole or within the ProfilerStep#`step` window."""
+@dataclass
+class Lanes:
+    """One rank's classified time within a window (microseconds, as in the trace): the
+    disjoint, sorted intervals of compute, of communication and of exposed communication
+    (communication with no compute running), and the window [lo, hi)."""
+    rank: int | None
+    gpu: bool
+    lo: float
+    hi: float
+    compute: list[Interval]
+    comm: list[Interval]
+    exposed: list[Interval]
+    step: int | None = None
+
+
+def subtract(a, b) -> list[Interval]:
+    """The time in `a` not in `b` (each any list of intervals), as disjoint sorted intervals."""
+    out, ub, j = [], union(b), 0
+    for lo, hi in union(a):
+        while j < len(ub) and ub[j][1] <= lo:
+            j += 1
+        k, cur = j, lo
+        while k < len(ub) and ub[k][0] < hi:
+            if ub[k][0] > cur:
+                out.append((cur, ub[k][0]))
+            cur = max(cur, ub[k][1])
+            k += 1
+        if cur < hi:
+            out.append((cur, hi))
+    return out
+
+
+def window(events: list[dict], step: int | None) -> tuple[float, float]:
+    """[lo, hi) in microseconds of ProfilerStep#`step` (the whole trace for None)."""
+    if step is None:
+        return min(e["ts"] for e in events), max(e["ts"] + e["dur"] for e in events)
+    found = [e for e in events if e.get("name") == f"ProfilerStep#{step}"]
+    if not found:
+        raise ValueError(f"no ProfilerStep#{step} in the trace; its steps: {steps(events) or 'none'}")
+    return found[0]["ts"], found[0]["ts"] + found[0]["dur"]
+
+
+def classified(trace, *, step: int | None = None):
+    """(events without the profiler's own span, rank, gpu, lo, hi, [(event, kind, a, b, self
+    us)]) for every communication ("comm") and compute ("compute") event clipped to the window."""
     events, rank = _read(trace)
     events = [e for e in events if e.get("cat") != "Trace"]     # the profiler's own span
-    if step is not None:
-        windows = [e for e in events if e.get("name") == f"ProfilerStep#{step}"]
-        if not windows:
-            raise ValueError(f"no ProfilerStep#{step} in the trace; its steps: {steps(events) or 'none'}")
-        lo, hi = windows[0]["ts"], windows[0]["ts"] + windows[0]["dur"]
-    else:
-        lo = min(e["ts"] for e in events)
-        hi = max(e["ts"] + e["dur"] for e in events)
+    lo, hi = window(events, step)
     gpu = any(e.get("cat") == "kernel" for e in events)
-    comm, compute, ops = [], [], {}
+    out = []
     for e, self_us, inside_comm in _walk(events, gpu):
         a, b = max(e["ts"], lo), min(e["ts"] + e["dur"], hi)
         if b <= a and not (e["dur"] == 0 and lo <= e["ts"] <= hi):
             continue                    # outside the window
         if is_comm(e, gpu=gpu):
-            comm.append((a, b))
+            out.append((e, "comm", a, b, self_us))
         elif is_compute(e, gpu=gpu) and not inside_comm:
-            compute.append((a, b))
-        else:
-            continue
+            out.append((e, "compute", a, b, self_us))
+    return events, rank, gpu, lo, hi, out
+
+
+def intervals(trace, *, step: int | None = None) -> Lanes:
+    """The compute, communication and exposed-communication intervals of one rank's trace (a
+    path, a loaded dict or a list of events), whole or within ProfilerStep#`step`: what a
+    timeline draws and what `summarize` measures."""
+    _, rank, gpu, lo, hi, found = classified(trace, step=step)
+    compute = union((a, b) for _, kind, a, b, _ in found if kind == "compute")
+    comm = union((a, b) for _, kind, a, b, _ in found if kind == "comm")
+    return Lanes(rank, gpu, lo, hi, compute, comm, subtract(comm, compute), step)
+
+
+def summarize(trace, *, step: int | None = None, top: int = 10) -> TraceSummary:
+    """Compute, communication, exposed communication and idle time of one rank's trace (a path,
+    a loaded dict or a list of events), whole or within the ProfilerStep#`step` window."""
+    _, rank, gpu, lo, hi, found = classified(trace, step=step)
+    compute = [(a, b) for _, kind, a, b, _ in found if kind == "compute"]
+    comm = [(a, b) for _, kind, a, b, _ in found if kind == "comm"]
+    ops: dict = {}
+    for e, _, _, _, self_us in found:
         s, n = ops.get(e["name"], (0.0, 0))
         ops[e["name"]] = (s + self_us, n + 1)
     comm_us = length(comm)

@@ -168,20 +168,28 @@ def split_batch(inputs, targets, microbatches) -> list[tuple]:
     return [(x.clone(), y.clone()) for x, y in zip(inputs.chunk(m), targets.chunk(m))]
 
 
+def _sleep(seconds: float) -> None:
+    """time.sleep under a profiler range named labkit::compute_sleep: in a trace the sleep is
+    the stage's (emulated) compute, which labkit.trace counts as compute."""
+    if seconds > 0:
+        with torch.profiler.record_function("labkit::compute_sleep"):
+            time.sleep(seconds)
+
+
 class _SleepInput(torch.autograd.Function):
     """y = x * w (w a plain value here) after sleeping `seconds`; the backward, the input
     gradient's pass, sleeps `seconds` and returns grad * w for x only."""
 
     @staticmethod
     def forward(ctx, x, weight, seconds):
-        time.sleep(seconds)
+        _sleep(seconds)
         ctx.seconds = seconds
         ctx.save_for_backward(weight)
         return x * weight
 
     @staticmethod
     def backward(ctx, grad):
-        time.sleep(ctx.seconds)
+        _sleep(ctx.seconds)
         (weight,) = ctx.saved_tensors
         return grad * weight, None, None
 
@@ -195,14 +203,14 @@ class _SleepWeight(torch.autograd.Function):
     @staticmethod
     def forward(ctx, weight, x, seconds, forward_seconds, whole):
         if whole:
-            time.sleep(forward_seconds)
+            _sleep(forward_seconds)
         ctx.seconds = seconds
         ctx.save_for_backward(x)
         return x * weight if whole else torch.zeros_like(x)
 
     @staticmethod
     def backward(ctx, grad):
-        time.sleep(ctx.seconds)
+        _sleep(ctx.seconds)
         (x,) = ctx.saved_tensors
         return (grad * x).sum().reshape(()), None, None, None, None
 

@@ -52,13 +52,18 @@ class Collective:
 
 def collectives(trace, *, step: int | None = None) -> dict[str, Collective]:
     """Per collective kind in the window: how many ran, their time and their exposed time."""
-    _, _, gpu, _, _, found = classified(trace, step=step)
+    _, _, gpu, lo, hi, found = classified(trace, step=step)
     compute = [(a, b) for _, k, a, b, _ in found if k == "compute"]
     spans: dict[str, list] = {}
+    counts: dict[str, int] = {}
     for e, k, a, b, _ in found:
         if k == "comm" and _is_work(e, gpu):
-            spans.setdefault(kind(e["name"]), []).append((a, b))
-    return {name: Collective(len(iv), length(iv) / 1e6, length(subtract(iv, compute)) / 1e6)
+            name = kind(e["name"])
+            spans.setdefault(name, []).append((a, b))
+            # counted in the window it starts in: a collective's work event may end a few
+            # microseconds after the step that waited for it (its thread closes the range later)
+            counts[name] = counts.get(name, 0) + (lo <= e["ts"] < hi)
+    return {name: Collective(counts[name], length(iv) / 1e6, length(subtract(iv, compute)) / 1e6)
             for name, iv in sorted(spans.items())}
 
 
@@ -106,10 +111,11 @@ def straggler(traces, *, step: int | None = None) -> Straggler:
         raise ValueError(f"a straggler needs 2 or more ranks' traces, got {len(traces)}")
     wait, starts = {}, {}
     for r, t in enumerate(traces):
-        _, _, gpu, _, _, found = classified(t, step=step)
+        _, _, gpu, lo, hi, found = classified(t, step=step)
         work = sorted((a, b) for e, k, a, b, _ in found if k == "comm" and _is_work(e, gpu))
         wait[r] = length(work) / 1e6
-        starts[r] = [a for a, _ in work]
+        starts[r] = sorted(e["ts"] for e, k, _, _, _ in found
+                           if k == "comm" and _is_work(e, gpu) and lo <= e["ts"] < hi)
     n = min(len(s) for s in starts.values())
     if n == 0:
         raise ValueError("some rank's window has no collective; nothing to wait for")

@@ -18,7 +18,8 @@ PKG = Path(__file__).resolve().parent.parent / "labkit"
 COST = {"models", "hardware", "memory", "flops", "comm", "pipeline", "validate", "precision", "kernels",
         "placement", "activations", "scaling", "offload", "deepspeed", "fsdp", "fsdp_migrate",
         "resilience", "tp", "planner", "planner_cost", "quiz", "design", "topology", "field",
-        "field_bloom", "pipeline_check", "pipeline_events", "pipeline_v", "trace", "trace_drills", "fp8"}
+        "field_bloom", "pipeline_check", "pipeline_events", "pipeline_v", "trace", "trace_drills",
+        "fp8"}
 # layer of each top-level part of the package, and what each layer may import
 LAYER_OF = {**{m: "cost" for m in COST}, "plots": "plots", "widgets": "widgets",
             "runtime": "runtime", "parallel": "parallel", "labs": "labs", "course": "course",

@@ -137,3 +137,13 @@ def test_lanes_are_disjoint_and_exposed_within_comm():
     for iv in (lanes.compute, lanes.comm, lanes.exposed):
         assert all(a < b for a, b in iv) and all(iv[i][1] < iv[i + 1][0] for i in range(len(iv) - 1))
     assert subtract(lanes.exposed, lanes.comm) == []
+
+
+def test_a_collective_is_counted_in_the_step_it_starts_in():
+    # step 1's all-reduce ends 0.01 ms into step 2 (gloo's thread closes its range late): step 2
+    # counts its own one, and the overhang's time still shows as communication in step 2
+    events = [step(1, 0, 10), x("gloo:all_reduce", 6, 10.01, "user_annotation", 2),
+              step(2, 10, 20), x("gloo:all_reduce", 15, 18, "user_annotation", 2)]
+    assert drills.collectives(events, step=1)["all_reduce"].count == 1
+    two = drills.collectives(events, step=2)["all_reduce"]
+    assert two.count == 1 and two.seconds == pytest.approx(0.00301)

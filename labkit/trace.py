@@ -62,7 +62,9 @@ def covered(a, b) -> float:
 #       a worker), c10d::* (the caller's enqueue, e.g. c10d::allreduce_), nccl:*,
 #       record_param_comms.
 #   CPU compute: cat "cpu_op" named aten::*, unless inside a communication event on the same
-#       thread (a collective's own copies are communication); and labkit::compute* ranges
+#       thread (a collective's own copies are communication), gloo:send and gloo:recv excepted:
+#       on the caller's thread they span from an isend/irecv's post to its completion, while the
+#       caller goes on computing; and labkit::compute* ranges
 #       (the pipeline labs' SleepLayer sleeps in place of a stage's matmuls, under that name).
 #   GPU (NCCL) communication: cat "kernel" named nccl* (ncclDevKernel_AllReduce_Sum_f32_RING_LL,
 #       older ncclKernel_...). The CPU-side c10d::*, nccl:*, record_param_comms only launch them.
@@ -163,9 +165,15 @@ class TraceSummary:
         return "\n".join(lines)
 
 
+# gloo's point-to-point work is a span on the caller's own thread from the post (isend, irecv)
+# to the completion: open while the caller computes on, so it is nobody's parent (a leaf).
+ASYNC_SPAN = re.compile(r"^gloo:(send|recv)$")
+
+
 def _walk(events: list[dict], gpu: bool):
     """(event, self time in us, inside a communication event?) per event, nesting taken per
-    (pid, tid): a child starts and ends within its parent, as the profiler writes them."""
+    (pid, tid): a child starts and ends within its parent, as the profiler writes them (but for
+    the ASYNC_SPAN leaves, which may outlive the op that posted them)."""
     threads: dict = {}
     for e in events:
         threads.setdefault((e.get("pid"), e.get("tid")), []).append(e)
@@ -178,8 +186,12 @@ def _walk(events: list[dict], gpu: bool):
                 out.append(stack.pop())
             inside = bool(stack) and (stack[-1][2] or is_comm(stack[-1][0], gpu=gpu))
             if stack:
-                stack[-1][1] += e["dur"]
-            stack.append([e, 0.0, inside])
+                parent = stack[-1][0]
+                stack[-1][1] += min(e["ts"] + e["dur"], parent["ts"] + parent["dur"]) - e["ts"]
+            if ASYNC_SPAN.match(str(e.get("name", ""))):
+                out.append([e, 0.0, inside])
+            else:
+                stack.append([e, 0.0, inside])
         out += stack
         for e, child, inside in out:
             yield e, max(0.0, e["dur"] - child), inside

@@ -5,10 +5,10 @@ happened, which rank straggles, where a pipeline's bubble is. Pure Python over l
     from labkit import trace_drills as drills
     drills.collectives("rank0.json", step=3)        # {"all_reduce": Collective(n, s, exposed s)}
     drills.overlap("rank0.json", step=3)            # share of communication hidden under compute
+    drills.backward_lead("rank0.json", step=3)      # > 0: a collective began during the backward
     drills.straggler(["rank0.json", "rank1.json"])  # the rank the others wait for, and why
     drills.bubble("pp-1f1b-rank3.json", step=3)     # a pipeline rank's time without compute
-
-Clocks: `straggler`'s verdict uses wait times, which need no common clock across ranks.
+(`straggler` decides by wait times, which need no clock common to the ranks)
 """
 from __future__ import annotations
 
@@ -88,6 +88,27 @@ def overlap(trace, *, step: int | None = None) -> float:
     if total == 0:
         raise ValueError("the window has no communication; there is no overlap to measure")
     return covered(lanes.comm, lanes.compute) / total
+
+
+BACKWARD = "autograd::engine::evaluate_function: "     # one backward node's span (CPU traces)
+
+
+def backward_lead(trace, *, step: int | None = None) -> float:
+    """Seconds by which the window's first collective started before its backward ended (the
+    end of its last autograd node): > 0, it was issued while gradients were still being
+    computed, so it could overlap them; < 0, it could not (it waited for the whole backward:
+    DDP with a single bucket). ValueError when the window has no backward or no collective."""
+    events = [e for e in load(trace) if e.get("cat") != "Trace"]
+    _, _, gpu, lo, hi, found = classified(events, step=step)
+    ends = [e["ts"] + e["dur"] for e in events
+            if str(e.get("name", "")).startswith(BACKWARD) and lo <= e["ts"] < hi]
+    starts = [e["ts"] for e, k, _, _, _ in found if k == "comm" and _is_work(e, gpu) and lo <= e["ts"] < hi]
+    if not ends:
+        raise ValueError("the window has no autograd node (no backward); allowed: a CPU trace "
+                         "of a training step")
+    if not starts:
+        raise ValueError("the window has no collective; nothing could overlap the backward")
+    return (max(ends) - min(starts)) / 1e6
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,6 @@ from pathlib import Path
 OUT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "traces"
 WAIT, WARMUP, ACTIVE = 1, 1, 2
 ALL_REDUCES_PER_STEP = 3        # 2 by hand (weight, bias) + 1 DDP bucket
-KEEP_ARGS = ("External id", "Sequence number")
 
 
 def worker(rank: int, world: int, tmp: str, port: int) -> None:
@@ -52,29 +51,20 @@ def worker(rank: int, world: int, tmp: str, port: int) -> None:
     dist.destroy_process_group()
 
 
-def trim(trace: dict) -> dict:
-    keep = []
-    for e in trace["traceEvents"]:
-        if e.get("ph") == "X" or (e.get("ph") == "M" and e.get("name") == "thread_name"):
-            e = dict(e)
-            e["args"] = {k: v for k, v in e.get("args", {}).items() if k in KEEP_ARGS or e["ph"] == "M"}
-            keep.append(e)
-    return {"distributedInfo": trace.get("distributedInfo"), "displayTimeUnit": "ms",
-            "labkit": {"script": "tools/record_trace_fixture.py", "steps": ACTIVE,
-                       "all_reduce_per_step": ALL_REDUCES_PER_STEP, "backend": "gloo"},
-            "traceEvents": keep}
-
-
 def main() -> int:
     import torch.multiprocessing as mp
+
+    from labkit.labs.common.tracing import dumps, trim
 
     OUT.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(worker, args=(2, tmp, 29500 + os.getpid() % 1000), nprocs=2)
         for rank in range(2):
-            trace = trim(json.loads(Path(tmp, f"rank{rank}.json").read_text()))
+            trace = trim(json.loads(Path(tmp, f"rank{rank}.json").read_text()),
+                         {"script": "tools/record_trace_fixture.py", "steps": ACTIVE,
+                          "all_reduce_per_step": ALL_REDUCES_PER_STEP, "backend": "gloo"})
             path = OUT / f"gloo-rank{rank}.json"
-            path.write_text(json.dumps(trace, separators=(",", ":")))
+            path.write_text(dumps(trace))
             print(f"{path}: {len(trace['traceEvents'])} events, {path.stat().st_size} bytes")
     return 0
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 
 # Flags whose value names a file or folder: they do not change how long a run takes.
-PATH_FLAGS = frozenset({"--plot", "--ckpt-dir"})
+PATH_FLAGS = frozenset({"--plot", "--ckpt-dir", "--trace"})
 _CKPT = ("--steps", "8", "--save-every", "2", "--ckpt-dir", "")
 
 # (run, lab of labkit.labs, ranks, arguments, seconds): CPU wall time of the run, best of 2

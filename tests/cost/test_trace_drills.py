@@ -147,3 +147,26 @@ def test_a_collective_is_counted_in_the_step_it_starts_in():
     assert drills.collectives(events, step=1)["all_reduce"].count == 1
     two = drills.collectives(events, step=2)["all_reduce"]
     assert two.count == 1 and two.seconds == pytest.approx(0.00301)
+
+
+def test_backward_lead_says_whether_a_collective_began_during_the_backward():
+    node = "autograd::engine::evaluate_function: AddmmBackward0"
+    bucketed = [step(1, 0, 30), x(node, 0, 6), x(node, 6, 12), x("gloo:all_reduce", 7, 14, "user_annotation", 2),
+                x("gloo:all_reduce", 13, 18, "user_annotation", 2)]
+    one_bucket = [step(1, 0, 30), x(node, 0, 6), x(node, 6, 12), x("gloo:all_reduce", 12.5, 20, "user_annotation", 2)]
+    assert drills.backward_lead(bucketed, step=1) == pytest.approx(0.005)
+    assert drills.backward_lead(one_bucket, step=1) == pytest.approx(-0.0005)
+    with pytest.raises(ValueError, match="no autograd node"):
+        drills.backward_lead([step(1, 0, 5), x("gloo:all_reduce", 1, 2, "user_annotation", 2)], step=1)
+    with pytest.raises(ValueError, match="no collective"):
+        drills.backward_lead([step(1, 0, 5), x(node, 1, 2)], step=1)
+
+
+def test_an_isend_span_open_across_later_compute_does_not_swallow_it():
+    # gloo:send on the caller's thread spans from the isend (inside c10d::send) to its completion
+    # at the step's end; the stage's compute after the post is still compute
+    events = [step(1, 0, 100), x("aten::mm", 0, 10), x("c10d::send", 10, 11), x("gloo:send", 10.5, 99, "user_annotation"),
+              x("labkit::compute_sleep", 20, 40, "user_annotation"), x("aten::mm", 50, 60)]
+    s = summarize(events, step=1)
+    assert s.compute_s == pytest.approx(0.040)
+    assert drills.bubble(events, step=1).no_compute_s == pytest.approx(0.060)

@@ -4,7 +4,7 @@ torch DDP's flags; a straggler; DistributedSampler on real ranks.
     python -m labkit.labs.ddp                                        # one process (nothing sent)
     torchrun --nproc-per-node 2 -m labkit.labs.ddp --part compare     # 2 ranks: gloo on CPU
     torchrun --nproc-per-node 4 -m labkit.labs.ddp --part flags --caps 0.25,1,25
-    labkit run ddp -n 2 -- --part straggler --sleep 0.05              # via labkit
+    labkit run ddp -n 2 -- --part straggler --trace traces/          # + profiler traces
     labkit run ddp -n 4 -- --part sampler --samples 10
     labkit bench ddp                                                 # throughput, bucketed vs torch
 
@@ -22,6 +22,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from labkit.runtime import dist, measure
 from labkit.labs.common.flags import between, check_heads, positive_int
+from labkit.labs.common.tracing import check_folder, trace_steps
 from labkit.labs.common.training import barrier, build_model, global_batch, median, shard, torch_ddp, train_step, trainable
 from labkit.labs.common.training import torch_buckets
 from labkit.labs.ddp.torch_parts import FLAGS
@@ -163,7 +164,54 @@ def run_compare(args, ctx) -> dict:
         step_s=step_s, step_times=times, instrumented_step_s=instrumented,
         samples_per_s={k: args.batch * ctx.world_size / step_s[k] for k in KINDS},
         timeline=timeline, timeline_summary={k: summarize(timeline[k]) for k in KINDS})
+    if args.trace is not None:      # after every measurement: the traced steps change nothing
+        out["traces"] = trace_compare(args, ctx, base, models, opts, syncs)
     return out
+
+
+ONE_BUCKET_MB = 1e4     # torch DDP with every gradient in one bucket: nothing overlaps backward
+
+
+def trace_compare(args, ctx, base, models, opts, syncs) -> list[str]:
+    """--trace: each DDP's profiled steps (labkit.labs.common.tracing), and torch DDP with one
+    bucket, whose single all-reduce can only start once the backward has ended."""
+    models, opts = dict(models), dict(opts)
+    one = models["torch-onebucket"] = torch_ddp(copy.deepcopy(base), bucket_cap_mb=ONE_BUCKET_MB)
+    opts["torch-onebucket"] = torch.optim.SGD(one.parameters(), lr=args.lr)
+    ids = shard(global_batch(args, ctx.world_size, args.steps), ctx)
+    for _ in range(WARMUP):             # its buckets rebuilt, as the others' are
+        train_step(one, opts["torch-onebucket"], ids)
+    paths = []
+    for kind in (*REFERENCES, "torch", "torch-onebucket"):
+        model, opt, sync = models[kind], opts[kind], syncs.get(kind)
+        plan = len(torch_buckets(model)) if kind == "torch-onebucket" else \
+            planned_calls(kind, model, args)
+        paths.append(trace_steps(ctx, args.trace, "ddp", kind,
+                                 lambda: train_step(model, opt, ids, sync),  # noqa: B023
+                                 extra=dict(planned_all_reduce=plan, bucket_mb=args.bucket_mb
+                                            if kind != "torch-onebucket" else ONE_BUCKET_MB)))
+    return paths
+
+
+def trace_straggler(args, ctx, sleep: float) -> list[str]:
+    """--trace with --part straggler: torch DDP steps in which --slow-rank sleeps `sleep` s
+    between forward and backward; the others wait for it in the all-reduce."""
+    model = torch_ddp(build_model(args, ctx.device), bucket_cap_mb=args.bucket_mb)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+    ids = shard(global_batch(args, ctx.world_size, 0), ctx)
+    for _ in range(WARMUP):
+        train_step(model, opt, ids)
+
+    def step():
+        loss = model(ids)
+        if ctx.rank == args.slow_rank:
+            time.sleep(sleep)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return [trace_steps(ctx, args.trace, "ddp", "straggler", step,
+                        extra=dict(sleep=sleep, slow_rank=args.slow_rank,
+                                   planned_all_reduce=len(torch_buckets(model))))]
 
 
 def reference(base, args, world: int):
@@ -264,7 +312,15 @@ def parse_args(argv=None):
     p.add_argument("--samples", type=positive_int, default=10,
                    help="sampler: dataset length (default 10)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trace", default=None, metavar="DIR",
+                   help="compare, straggler: after the measured steps, profile 2 more steps per "
+                        "DDP (torch.profiler) and write DIR/ddp-{variant}-rank{r}.json "
+                        "(labkit.trace reads them; default: no trace)")
     args = p.parse_args(argv)
+    if args.trace is not None and args.part not in ("compare", "straggler"):
+        p.error(f"argument --trace: --part {args.part} writes no trace; allowed: with --part "
+                "compare or straggler")
+    check_folder(p, args.trace)
     if len(args.bucket_mb) != 1:
         p.error(f"argument --bucket-mb: give one size, not {len(args.bucket_mb)}")
     args.bucket_mb = args.bucket_mb[0]
@@ -292,6 +348,8 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"argument --slow-rank: {args.slow_rank} is not a rank of this run; "
                          f"allowed: 0 to {ctx.world_size - 1}")
         result = getattr(parts, f"run_{args.part}")(args, ctx)
+        if args.part == "straggler" and args.trace is not None:
+            result["traces"] = trace_straggler(args, ctx, result["sleep"])
         if ctx.rank == 0:
             getattr(parts, f"print_{args.part}")(result)
     dist.report(**result)

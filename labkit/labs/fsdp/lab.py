@@ -1,7 +1,7 @@
 """FSDP lab: FSDP2 `fully_shard` on a transformers model, measured beside its predictions.
 
     torchrun --nproc-per-node 4 -m labkit.labs.fsdp                     # --part compare
-    labkit run fsdp -n 4 -- --part timeline                            # one step, unit by unit
+    labkit run fsdp -n 4 -- --part timeline --trace traces/  # unit by unit; + profiler traces
     labkit run fsdp -n 4 -- --part options --model gpt2                # every option, measured
     labkit run fsdp -n 2 -- --part fsdp1                               # FSDP1 beside FSDP2
     labkit bench fsdp                                                  # step time per option
@@ -24,6 +24,7 @@ from labkit.labs.fsdp.build import adamw, build, mean_over_ranks, wire_payload
 from labkit.labs.common.training import barrier, global_batch, median, shard
 from labkit.labs.common.flags import between, check_heads, run_and_report, positive_int
 from labkit.labs.common.flags import model_flags
+from labkit.labs.common.tracing import check_folder, trace_steps
 from labkit.labs.common.zero_stages import gathered, reference
 from labkit.runtime import dist, measure
 
@@ -148,10 +149,18 @@ def run_timeline(args, ctx) -> dict:
                 model(ids).backward()
                 opt.step()
                 opt.zero_grad()
+
+        def step(model=model, opt=opt, ids=ids):
+            model(ids).backward()
+            opt.step()
+            opt.zero_grad()
         runs[f"prefetch={prefetch}"] = dict(events=rec.events, order=rec.order(),
                                             in_flight=rec.in_flight,
                                             predicted_in_flight=0 if ctx.world_size == 1
-                                            else max(1, min(prefetch, args.layers - 1)))
+                                            else max(1, min(prefetch, args.layers - 1)),
+                                            trace=trace_steps(ctx, args.trace, "fsdp",
+                                                              f"prefetch{prefetch}", step,
+                                                              extra=dict(layers=args.layers)))
     return dict(part="timeline", rank=ctx.rank, world_size=ctx.world_size, model=args.model,
                 layers=args.layers, units=[f"block{i}" for i in range(args.layers)] + ["root"],
                 runs=runs)
@@ -208,7 +217,15 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=between(1e-9, 1, "a learning rate"), default=1e-3,
                    help="AdamW learning rate (default 1e-3)")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and batches (default 0)")
+    p.add_argument("--trace", default=None, metavar="DIR",
+                   help="--part timeline: after each counted step, profile 2 more "
+                        "(torch.profiler) and write DIR/fsdp-prefetch{k}-rank{r}.json "
+                        "(labkit.trace reads them; default: no trace)")
     args = p.parse_args(argv)
+    if args.trace is not None and args.part != "timeline":
+        p.error(f"argument --trace: --part {args.part} writes no trace; allowed: with --part "
+                "timeline")
+    check_folder(p, args.trace)
     args.option = list(dict.fromkeys(args.option)) if args.option else list(options.OPTIONS)
     if args.steps < WARMUP + 2:
         extra = " (options: then 1 more step for FSDPMemTracker)" if args.part == "options" else ""

@@ -2,6 +2,7 @@
 one_f_one_b_step, send/recv between ranks) on a transformers Llama cut into one stage per rank.
 
     labkit run pp -n 4                                   # --part byhand: GPipe, 1F1B by hand
+    labkit run pp -n 4 -- --trace traces/                # + a profiler trace per rank
 
 labkit.labs.pp.lab calls run_byhand(args, ctx) and print_byhand; the measured step beside
 labkit.pipeline.simulate: labkit.labs.common.pipeline. What is reported: docs/labs.md, ## pp.
@@ -9,6 +10,7 @@ labkit.pipeline.simulate: labkit.labs.common.pipeline. What is reported: docs/la
 from __future__ import annotations
 
 from labkit.labs.common import pipeline as shared
+from labkit.labs.common.tracing import trace_steps
 from labkit.runtime import noise
 
 SCHEDULES = ("gpipe", "1f1b")
@@ -25,13 +27,16 @@ def run_byhand(args, ctx) -> dict:
     micro = pipe.split_batch(ids, ids, m)
     steps = {"gpipe": pipe.gpipe_step, "1f1b": pipe.one_f_one_b_step}
     rows = {}
+
+    def run(name, seconds=args.sleep):
+        model.zero_grad(set_to_none=True)
+        stage.sleep.weight.grad = None
+        stage.sleep.seconds = seconds
+        with noise.ignoring(noise.PAST_KEY_VALUES):
+            return steps[name](stage, micro, rank=rank, world=p)
     for name in SCHEDULES:
         def step(seconds=args.sleep):
-            model.zero_grad(set_to_none=True)
-            stage.sleep.weight.grad = None
-            stage.sleep.seconds = seconds
-            with noise.ignoring(noise.PAST_KEY_VALUES):
-                loss, stats = steps[name](stage, micro, rank=rank, world=p)
+            loss, stats = run(name, seconds)        # noqa: B023
             return pipe.gather_events(stats), (loss, stats)
 
         step(0.0)                                       # a warm-up step, without sleep
@@ -43,6 +48,9 @@ def run_byhand(args, ctx) -> dict:
                    peak_in_flight=shared.gather(stats["peak_in_flight"]),
                    p2p_sent=shared.gather(stats["p2p"]["sent"]))
         rows[name] = row
+        row["trace"] = trace_steps(ctx, getattr(args, "trace", None), "pp", name,
+                                   lambda: run(name), extra=dict(microbatches=m,
+                                                                 sleep=args.sleep))
     return dict(part="byhand", rank=rank, world_size=p, microbatches=m, sleep=args.sleep,
                 reference_loss=ref_loss, schedules=rows)
 

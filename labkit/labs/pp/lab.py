@@ -1,7 +1,7 @@
 """Pipeline-parallel lab: GPipe and 1F1B by hand, torch.distributed.pipelining's schedules and
 yours (torch's CSV), PP x DP, each measured beside labkit.pipeline.simulate.
 
-    labkit run pp -n 4                                   # --part byhand: GPipe, 1F1B by hand
+    labkit run pp -n 4 -- --trace traces/                # --part byhand: GPipe, 1F1B by hand
     labkit run pp -n 4 -- --part torch                   # torch's schedules (--schedules all)
     labkit run pp -n 4 -- --part custom --schedule FILE.csv        # your schedule, torch's CSV
     labkit run pp -n 4 -- --part ppdp                    # pp 2 x dp 2: DDP, FSDP2 on the dp axis
@@ -19,6 +19,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from labkit.labs.pp import byhand as byhand
 from labkit.labs.pp.torch_pp import ALL, SCHEDULES, V_SHAPED, chunks_of, named_args
 from labkit.labs.common.flags import between, check_heads, positive_int, run_and_report
+from labkit.labs.common.tracing import check_folder
 
 PARTS = ("byhand", "torch", "custom", "ppdp")
 SIZES = (("--layers", 8, "blocks"), ("--hidden", 64, "hidden size"),
@@ -85,7 +86,15 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=between(1e-9, 10, "a learning rate"), default=0.5,
                    help="--part ppdp: SGD learning rate (default 0.5)")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and data (default 0)")
+    p.add_argument("--trace", default=None, metavar="DIR",
+                   help="--part byhand: after each schedule's measured steps, profile 2 more "
+                        "(torch.profiler) and write DIR/pp-{gpipe,1f1b}-rank{r}.json "
+                        "(labkit.trace reads them; default: no trace)")
     args = p.parse_args(argv)
+    if args.trace is not None and args.part != "byhand":
+        p.error(f"argument --trace: --part {args.part} writes no trace; allowed: with --part "
+                "byhand")
+    check_folder(p, args.trace)
     check_heads(p, args)
     if args.schedules is not None and args.part not in ("torch", "custom"):
         p.error(f"argument --schedules: --part {args.part} runs no schedule of torch's by name; "

@@ -16,6 +16,7 @@ import math
 
 from labkit import (comm, design, flops, hardware, memory, models, pipeline, planner,
                     resilience, scaling)
+from labkit.course import reference_trace
 
 # ----------------------------------------------------------------------- 01 memory math
 
@@ -596,6 +597,7 @@ MISTAKES = {
          "the weights, the gradients)",
          lambda model, g, r, bw: checkpoint_minutes(model, g, r, bw * 12 / 16))),
 }
+MISTAKES.update(reference_trace.MISTAKES)       # module 11's (reading traces)
 
 
 def _args(case):

@@ -16,7 +16,7 @@ import string
 from labkit.quiz.articles import ARTICLES
 
 TOPICS = ("memory", "collectives", "ddp", "zero-fsdp", "tp", "pp", "3d", "checkpointing",
-          "precision", "mfu", "hardware", "moe")
+          "precision", "mfu", "hardware", "moe", "trace")
 KINDS = ("numeric", "choice")
 _ID = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 _KEYS = {"id", "topic", "difficulty", "kind", "statement", "params", "answer", "unit",

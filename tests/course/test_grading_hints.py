@@ -10,9 +10,16 @@ import re
 
 import pytest
 
-from labkit.course import grading, reference
+from labkit.course import grading, reference, reference_trace
+from labkit.trace import steps
 
-# each MISTAKES entry's cases, as its check cell passes them (solutions/07, 09 and 10)
+
+def _traces(*names):
+    """(path, last step) of shipped traces, as solutions/11's check cells pass them."""
+    return [(reference_trace.trace_path(n), steps(reference_trace.trace_path(n))[-1]) for n in names]
+
+
+# each MISTAKES entry's cases, as its check cell passes them (solutions/07, 09, 10 and 11)
 CASES = {
     "states_gb": [(7e9, 1, 8), (70e9, 3, 64)],
     "bubble": [(4, 8), (8, 32)],
@@ -25,6 +32,11 @@ CASES = {
     "all_to_all_bytes": [(2048, 8, 7168, 2, 1.0), (4096, 2, 4096, 2, 1.25), (4096, 2, 4096, 2),
                          (512, 1, 1024, 4), ((1024, 8, 2048, 1), {"capacity_factor": 1.5}),
                          (3, 1, 10, 4, 1.25)],
+    "exposed": [([(0.0, 1.5)], [(1.0, 4.0)]), ([(0.0, 1.0)], [(0.5, 3.0), (1.0, 2.0)]),
+                ([(0.0, 2.0), (1.0, 3.0)], [(0.5, 4.0)]), ([], [])],
+    "exposed_all_reduce_ms": _traces("ddp-naive-rank1.json", "ddp-torch-onebucket-rank0.json"),
+    "collective_seconds": _traces("ddp-straggler-rank0.json", "ddp-torch-rank0.json"),
+    "hidden_share": _traces("ddp-bucketed-rank0.json", "ddp-torch-rank0.json"),
 }
 REFERENCES = {"states_gb": reference.states_gb, "bubble": reference.bubble_share,
               "min_microbatches": reference.pp_min_microbatches,
@@ -32,7 +44,11 @@ REFERENCES = {"states_gb": reference.states_gb, "bubble": reference.bubble_share
               "reported_mfu": reference.reported_mfu,
               "trainable_tokens": reference.trainable_tokens,
               "checkpoint_minutes": reference.checkpoint_minutes,
-              "all_to_all_bytes": reference.all_to_all_bytes}
+              "all_to_all_bytes": reference.all_to_all_bytes,
+              "exposed": reference_trace.exposed,
+              "exposed_all_reduce_ms": reference_trace.exposed_all_reduce_ms,
+              "collective_seconds": reference_trace.collective_seconds,
+              "hidden_share": reference_trace.hidden_share}
 
 
 def significant(x: float) -> set[str]:

@@ -95,13 +95,15 @@ BACKWARD = "autograd::engine::evaluate_function: "     # one backward node's spa
 
 def backward_lead(trace, *, step: int | None = None) -> float:
     """Seconds by which the window's first collective started before its backward ended (the
-    end of its last autograd node): > 0, it was issued while gradients were still being
-    computed, so it could overlap them; < 0, it could not (it waited for the whole backward:
-    DDP with a single bucket). ValueError when the window has no backward or no collective."""
+    end of its last autograd node that computes, AccumulateGrad left out: DDP's hooks run
+    inside those and launch the all-reduces): > 0, it was issued while gradients were still
+    being computed, so it could overlap them; <= 0, it could not (it waited for the whole
+    backward: DDP with a single bucket). ValueError without a backward or a collective."""
     events = [e for e in load(trace) if e.get("cat") != "Trace"]
     _, _, gpu, lo, hi, found = classified(events, step=step)
     ends = [e["ts"] + e["dur"] for e in events
-            if str(e.get("name", "")).startswith(BACKWARD) and lo <= e["ts"] < hi]
+            if str(e.get("name", "")).startswith(BACKWARD) and "AccumulateGrad" not in e["name"]
+            and lo <= e["ts"] < hi]
     starts = [e["ts"] for e, k, _, _, _ in found if k == "comm" and _is_work(e, gpu) and lo <= e["ts"] < hi]
     if not ends:
         raise ValueError("the window has no autograd node (no backward); allowed: a CPU trace "

@@ -71,6 +71,10 @@ COURSE_LABS: tuple[LabRun, ...] = (
     LabRun("threed:3d", "08", "threed", 8, ("--part", "3d")),
     LabRun("threed:cp", "08", "threed", 2, ("--part", "cp")),
     LabRun("moe", "10", "moe", 4, ("--steps", "60"), preflight=True),
+    LabRun("ddp:trace", "11", "ddp", 2, ("--part", "compare", "--trace", "{tmp}/traces")),
+    LabRun("compile:ddp", "11", "compile", 2, ("--part", "ddp"), preflight=True),
+    LabRun("compile:fsdp", "11", "compile", 2, ("--part", "fsdp", "--layers", "2", "--backend", "aot_eager")),
+    LabRun("compile:order", "11", "compile", 2, ("--part", "order")),
 )
 _BY_NAME = {r.name: r for r in COURSE_LABS}
 

@@ -26,6 +26,7 @@ MODULES = (
     Module("08", "08_3d_parallelism", "3D parallelism", "DeviceMesh, TP+FSDP, PP+DP, a planner for real clusters, case studies", 120),
     Module("09", "09_interview_prep", "interview prep", "answer numeric questions fast, design a 70B run, diagnose a slow run", 60),
     Module("10", "10_mixture_of_experts", "mixture of experts", "count MoE models exactly, route and balance tokens, expert parallelism by all-to-all, size an MoE run", 120),
+    Module("11", "11_reading_a_run", "reading a run", "read exposed communication, the straggler and the bubble off profiler traces; FP8's error measured; torch.compile with DDP and FSDP2", 90),
 )
 
 

@@ -13,7 +13,10 @@ from __future__ import annotations
 import os
 
 # Flags whose value names a file or folder: they do not change how long a run takes.
-PATH_FLAGS = frozenset({"--plot", "--ckpt-dir", "--trace"})
+PATH_FLAGS = frozenset({"--plot", "--ckpt-dir"})
+# Flags whose value names a folder but whose presence changes the run (--trace profiles more
+# steps): kept as (flag, "DIR") whatever the folder.
+PRESENCE_FLAGS = frozenset({"--trace"})
 _CKPT = ("--steps", "8", "--save-every", "2", "--ckpt-dir", "")
 
 # (run, lab of labkit.labs, ranks, arguments, seconds): CPU wall time of the run, best of 2
@@ -57,6 +60,10 @@ LAB_TIMES: tuple[tuple[str, str, int, tuple[str, ...], float], ...] = (
     ("threed:3d", "threed", 8, ("--part", "3d"), 8.1),
     ("threed:cp", "threed", 2, ("--part", "cp"), 0.5),
     ("moe", "moe", 4, ("--steps", "60"), 21.3),
+    ("ddp:trace", "ddp", 2, ("--part", "compare", "--trace", ""), 7.3),
+    ("compile:ddp", "compile", 2, ("--part", "ddp"), 8.0),
+    ("compile:fsdp", "compile", 2, ("--part", "fsdp", "--layers", "2", "--backend", "aot_eager"), 3.6),
+    ("compile:order", "compile", 2, ("--part", "order"), 8.0),
 )
 
 
@@ -76,7 +83,9 @@ def arg_key(args) -> frozenset:
     while i < len(args):
         flag = args[i]
         value = args[i + 1] if i + 1 < len(args) and not _is_flag(args[i + 1]) else None
-        if flag not in PATH_FLAGS:
+        if flag in PRESENCE_FLAGS:
+            pairs.add((flag, "DIR"))
+        elif flag not in PATH_FLAGS:
             pairs.add((flag, value))
         i += 1 if value is None else 2
     return frozenset(pairs)

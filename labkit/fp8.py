@@ -247,8 +247,9 @@ def torchao_linear_error(size=4096, tokens=4096, seed=0) -> dict:
     ref = torch.nn.Sequential(torch.nn.Linear(size, size, bias=False)).cuda()
     x = torch.randn(tokens, size, device="cuda")
     exact = ref(x)
-    bf16 = ref.to(torch.bfloat16)(x.bfloat16()).float()
-    f8 = convert_to_float8_training(ref)(x.bfloat16()).float()
+    import copy          # Module.to and convert_to_float8_training change a module in place
+    bf16 = copy.deepcopy(ref).to(torch.bfloat16)(x.bfloat16()).float()
+    f8 = convert_to_float8_training(copy.deepcopy(ref).to(torch.bfloat16))(x.bfloat16()).float()
 
     def rel(y):
         return float(torch.linalg.vector_norm(y - exact) / torch.linalg.vector_norm(exact))

@@ -54,3 +54,46 @@ def test_bf16_matmul_runs_on_this_gpu():
     assert torch.cuda.is_bf16_supported()
     a = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
     torch.testing.assert_close((a @ a.T).float(), a.float() @ a.float().T, rtol=2e-2, atol=1.0)
+
+
+def test_a_cuda_profiler_trace_is_read_as_gpu_kernels(tmp_path):
+    """Module 11 on a GPU: a CUDA step's trace is classified by its kernels (compute here; NCCL
+    kernels would be communication), with the CPU ops ignored."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from labkit import trace
+
+    x = torch.randn(2048, 2048, device="cuda")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            x = (x @ x).tanh()
+        torch.cuda.synchronize()
+    path = tmp_path / "cuda.json"
+    prof.export_chrome_trace(str(path))
+    s = trace.summarize(path)
+    assert s.gpu and s.compute_s > 0 and s.comm_s == 0, s.text()
+
+
+def test_fp8_casts_on_cuda_equal_the_cpus():
+    """labkit.fp8's measurements are the same numbers on a GPU: the casts round alike."""
+    from labkit import fp8
+
+    x = torch.randn(256, 384) * 20
+    for dtype in fp8.DTYPES:
+        for scaling in fp8.SCALINGS:
+            q, s = fp8.quantize(x, dtype, scaling)
+            qg, sg = fp8.quantize(x.cuda(), dtype, scaling)
+            assert torch.equal(q.float(), qg.float().cpu()), (dtype, scaling)
+            assert torch.allclose(s, sg.cpu()), (dtype, scaling)
+
+
+def test_torchao_float8_linear_error_is_near_bf16s():
+    """Where torchao is installed and the GPU multiplies FP8 (compute capability 8.9+)."""
+    pytest.importorskip("torchao")
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 matmuls need compute capability >= 8.9 (Ada, Hopper)")
+    from labkit import fp8
+
+    err = fp8.torchao_linear_error(size=2048, tokens=2048)
+    print(f"relative output error vs fp32: bf16 {err['bf16']:.4f}, float8 {err['float8']:.4f}")
+    assert err["bf16"] < err["float8"] < 0.1

@@ -1,6 +1,7 @@
 """Reference answers of module 11's exercises (reading profiler traces), computed at run time.
 
-The check cells of solutions/11_reading_a_run.ipynb call these by name; labkit.trace and
+The check cells of solutions/11_reading_a_run.ipynb call these as labkit.course.reference.NAME
+(reference re-exports them; a workshop handout leaves this file out); labkit.trace and
 labkit.trace_drills compute them, on the traces shipped in labkit/data/traces (`TRACES`).
 MISTAKES holds the usual wrong answers (labkit.course.reference merges it into its own, so the
 grader names them); a label names the idea missed, never the answer. Every exercise forbids this

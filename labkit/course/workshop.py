@@ -393,6 +393,8 @@ HANDOUT_KEEP = ("labkit", "notebooks", "docs", "tools", "README.md", "Makefile",
 _HANDOUT_SKIP = {"__pycache__", ".ipynb_checkpoints", ".backup", ".pytest_cache", ".hypothesis",
                  ".git"}
 REFERENCE_FILE = "labkit/course/reference.py"
+# Modules that only the reference imports, with answers of their own: left out of a handout.
+REFERENCE_PARTS = ("labkit/course/reference_trace.py",)
 # Why each part of the course stays out of a handout.
 HANDOUT_LEFT_OUT = {
     "solutions": "the answers (the exercises are generated from them)",
@@ -402,6 +404,8 @@ HANDOUT_LEFT_OUT = {
     REFERENCE_FILE: "the checks' reference answers (min_gpus_zero3, mesh_groups, ...), "
                     "replaced by a stand-in: a check runs the learner's code, says what it "
                     "raised or returned, then that its reference answer is not here",
+    **{part: "more of the checks' reference answers (module 11's), which only the reference "
+             "imports" for part in REFERENCE_PARTS},
 }
 
 
@@ -727,7 +731,7 @@ def make_handout(target: Path | str, course: Path | str | None = None, *,
         if parts[0] not in HANDOUT_KEEP:
             skipped.add(parts[0])
             continue
-        if rel == REFERENCE_FILE or set(parts) & _HANDOUT_SKIP or \
+        if rel == REFERENCE_FILE or rel in REFERENCE_PARTS or set(parts) & _HANDOUT_SKIP or \
                 any(p.endswith(".egg-info") for p in parts):
             continue
         src = course / rel

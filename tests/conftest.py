@@ -37,7 +37,26 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+# The longest test files (seconds of one full run, measured with --junitxml), longest first.
+# `make test` hands whole files to its 2 workers in collection order (--dist loadfile): started
+# first, the long ones cannot be what one worker still runs alone at the end.
+LONGEST_FIRST = (
+    "course/test_grading.py", "course/test_grading_shortcuts.py", "runtime/test_faults.py",
+    "lessons/test_07_pipeline_parallel.py", "course/test_grading_seal.py",
+    "lessons/test_05_fsdp.py", "views/test_planner_widget.py",
+    "lessons/test_11_reading_a_run.py", "runtime/test_blame.py",
+    "lessons/test_08_3d_parallelism.py", "course/test_calculators_kernels.py",
+    "labs/test_pp_lab.py", "labs/test_moe_exercise.py", "labs/test_interview_exercise.py",
+)
+
+
+def _file_rank(item) -> int:
+    path = item.nodeid.split("::", 1)[0].removeprefix("tests/")
+    return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=_file_rank)          # stable: every file's own order is kept
     if _has_cuda():
         return
     skip = pytest.mark.skip(reason="needs CUDA (run `make test-gpu` on a GPU machine)")

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -46,6 +48,23 @@ def trace_path(folder, lab: str, variant: str, rank: int) -> Path:
     return Path(folder) / f"{lab}-{variant}-rank{rank}.json"
 
 
+@contextlib.contextmanager
+def _kineto_quiet():
+    """File descriptor 2 to /dev/null: torch's profiler (Kineto) writes a "USDT: ...
+    profiler_start" / "profiler_stop" line there, from C++, each time a recording starts or
+    stops; a lab's output is no place for them. Only around the profiler's own calls."""
+    sys.stderr.flush()
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
 def trace_steps(ctx, folder, lab: str, variant: str, step, *, active: int = ACTIVE,
                 extra: dict | None = None) -> str | None:
     """Call `step()` WAIT + WARMUP + `active` times under torch.profiler and write this rank's
@@ -69,8 +88,11 @@ def trace_steps(ctx, folder, lab: str, variant: str, step, *, active: int = ACTI
         activities.append(ProfilerActivity.CUDA)
     counter, times = measure.CollectiveCounter(), []
     barrier(ctx)
-    with profile(activities=activities, schedule=schedule(wait=WAIT, warmup=WARMUP, active=active),
-                 on_trace_ready=lambda prof: prof.export_chrome_trace(str(raw))) as prof:
+    prof = profile(activities=activities, schedule=schedule(wait=WAIT, warmup=WARMUP, active=active),
+                   on_trace_ready=lambda prof: prof.export_chrome_trace(str(raw)))
+    with _kineto_quiet():
+        prof.start()
+    try:
         for i in range(WAIT + WARMUP + active):
             t = time.perf_counter()
             with counter if i == WAIT else contextlib.nullcontext():
@@ -78,7 +100,11 @@ def trace_steps(ctx, folder, lab: str, variant: str, step, *, active: int = ACTI
             synchronize(ctx.device)
             if i >= WAIT + WARMUP:
                 times.append(time.perf_counter() - t)
-            prof.step()
+            with _kineto_quiet():
+                prof.step()
+    finally:
+        with _kineto_quiet():
+            prof.stop()
     by_kind = counter.by_kind
     ops: dict = {}
     for c in counter.events:
@@ -95,6 +121,10 @@ def trace_steps(ctx, folder, lab: str, variant: str, step, *, active: int = ACTI
     finally:
         raw.unlink(missing_ok=True)
     path.write_text(dumps(trim(trace, info)))
+    if ctx.rank == 0:
+        every = trace_path(folder, lab, variant, 0).name.replace("rank0", f"rank{{0..{ctx.world_size - 1}}}")
+        print(f"profiler trace of {active} step(s), one file per rank: {Path(folder) / every}",
+              flush=True)
     return str(path)
 
 

@@ -129,7 +129,11 @@ def show_order(r: dict) -> None:
         p = r[key]
         print(f"  {key}: max diff {p['loss_max_diff']:.2e} (tolerance {p['tolerance']:g})")
     print(f"  sequence lengths per step {r['seqs']}; recompile_limit {r['recompile_limit']} "
-          f"for dynamic=False (default {r['default_recompile_limit']})")
+          f"for dynamic=False and the kv_cache cases (default {r['default_recompile_limit']})")
+    print(f"  kv_cache: {r['deep_blocks']} blocks, each compiled; with transformers' KV cache "
+          f"on, graphs {r['cases']['kv_cache_on']['graphs']} (refused "
+          f"{r['cases']['kv_cache_on']['refused']}: those blocks ran eagerly), off "
+          f"{r['cases']['kv_cache_off']['graphs']}")
 
 
 def parse_args(argv=None):

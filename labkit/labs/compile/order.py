@@ -5,8 +5,9 @@ wants, measured on this torch, each case caught and reported as data (never a cr
   ddp_compile_first torch.compile the module, then wrap it in DDP (wrap first: --part ddp)
   small_bucket      compiled DDP with bucket_cap_mb below DDP's 1 MiB first bucket
   recompiles        a new sequence length every step: automatic dynamic shapes vs dynamic=False
-                    with a recompile limit (torch._dynamo.config.recompile_limit), on one
-                    block's MLP (a small graph: the point is the count, not the model)
+                    with a recompile limit (torch._dynamo.config.recompile_limit), on one MLP
+  kv_cache          each block compiled, transformers' KV cache on (its default) and off, on a
+                    Llama 2 blocks deeper than that limit
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def attempt(make, data, ctx, args, loss_of=None) -> dict:
 def run_order(args, ctx) -> dict:
     base = build(args, ctx.device)
     data = batches(args, ctx)
-    cases, total = {}, 7
+    cases, total = {}, 9
 
     def step(name, r):
         cases[name] = r
@@ -91,9 +92,32 @@ def run_order(args, ctx) -> dict:
             shaped, ctx, args, square))
     finally:
         torch._dynamo.config.recompile_limit = limit
+
+    # kv_cache: with the cache on, dynamo guards on the cache's state for the block it compiled,
+    # a guard the next block fails: a recompile per block, and past the limit the blocks run eagerly
+    deep = copy.copy(args)
+    deep.layers = args.recompile_limit + 2
+    deep_model = build(deep, ctx.device)
+
+    def per_block(cache):
+        def make(counting):
+            model = copy.deepcopy(deep_model)
+            model.lm.config.use_cache = cache
+            for block in model.lm.model.layers:
+                block.compile(backend=counting)
+            return model, model
+        return make
+
+    torch._dynamo.config.recompile_limit = args.recompile_limit
+    try:
+        for name, cache in (("kv_cache_on", True), ("kv_cache_off", False)):
+            step(name, attempt(per_block(cache), data, ctx, args))
+    finally:
+        torch._dynamo.config.recompile_limit = limit
     for r in cases.values():
         r.pop("module", None)
     out = dict(part="order", cases=cases, seqs=seqs, recompile_limit=args.recompile_limit,
+               deep_blocks=deep.layers,
                default_recompile_limit=limit, small_bucket_mb=args.small_bucket_mb,
                bucket_mb=args.bucket_mb)
     out["fsdp_whole_parity"] = parity(cases["fsdp_eager"]["losses"],

@@ -26,10 +26,15 @@ def batches(args, ctx, seq=None) -> list:
     return out
 
 
-def build(args, device):
+def build(args, device, use_cache: bool = False):
+    """The seeded Llama, for training: no KV cache (transformers builds one by default, even in
+    training; dynamo guards on each block's cache state, so it recompiles every block: --part
+    order's kv_cache case)."""
     from labkit.labs.common.zero_stages import build_model
 
-    return build_model(args, device)
+    model = build_model(args, device)
+    model.lm.config.use_cache = use_cache
+    return model
 
 
 def sgd(model, args):

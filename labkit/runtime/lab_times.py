@@ -63,7 +63,7 @@ LAB_TIMES: tuple[tuple[str, str, int, tuple[str, ...], float], ...] = (
     ("ddp:trace", "ddp", 2, ("--part", "compare", "--trace", ""), 7.3),
     ("compile:ddp", "compile", 2, ("--part", "ddp"), 8.0),
     ("compile:fsdp", "compile", 2, ("--part", "fsdp", "--layers", "2", "--backend", "aot_eager"), 3.6),
-    ("compile:order", "compile", 2, ("--part", "order"), 8.0),
+    ("compile:order", "compile", 2, ("--part", "order"), 10.3),
 )
 
 

@@ -1,10 +1,12 @@
 """Launcher overhead: a 4-rank lab from the warm pool (cold and warm) vs torchrun, with ratios.
 
-    labkit bench launcher [--nproc 4] [--repeat 3] [--no-transformers]
+    labkit bench launcher [--nproc 4] [--repeat 3] [--no-transformers] [--no-nodes]
 
 Times from the run_lab call to its result, median of --repeat: hello from the cold pool (its
 `import torch` included), the warm pool, run_lab(launcher="torchrun") and a bare
-`python -m torch.distributed.run`; a transformers lab (labkit.labs.memory) from the warm pool
+`python -m torch.distributed.run`; hello across two nodes simulated on loopback (two `labkit
+run --nnodes 2` commands, --nproc/2 ranks each: a workshop's multi-node start, issue 35); a
+transformers lab (labkit.labs.memory) from the warm pool
 and via torchrun. Targets on a 2-core laptop (issue 12): warm hello <= 1.0 s, cold pool no
 slower than torchrun, warm transformers lab <= 2 s. Other work on the cores adds noise: read
 the ratios.
@@ -46,6 +48,28 @@ def _run(lab: str, nproc: int, launcher: str) -> float:
     return elapsed
 
 
+def _two_nodes(nproc: int) -> tuple[float, float]:
+    """Seconds each of two `labkit run` commands takes for hello across two nodes simulated on
+    loopback (node 1 at 127.0.0.2), both started at once, as the README's commands."""
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    base = [sys.executable, "-m", "labkit", "run", "hello", "-n", str(nproc), "--nnodes", "2",
+            "--rdzv-endpoint", f"127.0.0.1:{port}", "--timeout", "120", "--node-rank"]
+    t = time.monotonic()
+    procs = [subprocess.Popen(base + ["0"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE),
+             subprocess.Popen(base + ["1", "--local-addr", "127.0.0.2"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)]
+    times = []
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        times.append(time.monotonic() - t)
+        if proc.returncode != 0:
+            raise RuntimeError(f"two-node hello failed: {err.decode()[-2000:]}")
+    return times[0], times[1]
+
+
 def _median(xs: list[float]) -> str:
     return f"{statistics.median(xs):6.2f} s   (runs: {', '.join(f'{x:.2f}' for x in xs)})"
 
@@ -59,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="runs of each (default 3)")
     parser.add_argument("--no-transformers", action="store_true",
                         help="skip the transformers lab")
+    parser.add_argument("--no-nodes", action="store_true",
+                        help="skip the two-node run on loopback")
     args = parser.parse_args(argv or [])
     if not pool.supported():
         print(f"the warm pool needs Linux; this is {sys.platform}")
@@ -84,6 +110,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  ratio warm pool / torchrun     {m['warm'] / m['direct']:6.3f}")
     print(f"  ratio cold pool / torchrun     {m['cold'] / m['direct']:6.3f}   (target <= 1)")
     print(f"  warm target <= 1.0 s:          {'met' if m['warm'] <= 1.0 else 'not met'}")
+    if not args.no_nodes:
+        half = max(1, n // 2)
+        pairs = [_two_nodes(half) for _ in range(args.repeat)]
+        slowest = [max(p) for p in pairs]
+        print(f"hello across 2 nodes on loopback (labkit run --nnodes 2, {half} ranks each; "
+              "each node its own command):")
+        print(f"  node 0                         {_median([p[0] for p in pairs])}")
+        print(f"  node 1 (--local-addr 127.0.0.2){_median([p[1] for p in pairs])}")
+        print(f"  ratio to {n} ranks on one node   "
+              f"{statistics.median(slowest) / m['via']:6.3f}   (run_lab via torchrun)")
     if not args.no_transformers:
         _run(HF_LAB, n, "pool")                  # the lab imports transformers ...
         pool.current().sync()                    # ... so the pool does too: wait for it

@@ -5,6 +5,12 @@
     labkit run path/to/lab.py -n 2 -- --steps 10        # lab arguments after --
     # two nodes (run on each, same endpoint; R = 0 on the node that hosts the endpoint):
     labkit run hello -n 4 --nnodes 2 --node-rank R --rdzv-endpoint HOST:29400
+    # restart every rank (torchrun) up to once after one fails; the lab resumes itself:
+    labkit run elastic -n 2 --max-restarts 1 -- --kill-at-step 5 --ckpt-dir /tmp/el
+    # two nodes simulated on one machine (node 1 takes another loopback address as its own):
+    labkit run hello -n 2 --nnodes 2 --node-rank 0 --rdzv-endpoint 127.0.0.1:29400
+    labkit run hello -n 2 --nnodes 2 --node-rank 1 --rdzv-endpoint 127.0.0.1:29400 \
+        --local-addr 127.0.0.2
 
 Exit status: 0 when every rank succeeded, 1 when the lab failed (the reason is printed),
 2 for bad arguments, 130 when interrupted. Which launcher runs it: `run`.
@@ -24,10 +30,16 @@ def _add_options(parser: argparse.ArgumentParser, default=None) -> None:
     parser.add_argument("--timeout", type=float, default=d(600.0),
                         help="seconds before every rank is stopped (default 600; 0: none)")
     parser.add_argument("--nnodes", type=int, default=d(1), help="number of nodes (default 1)")
+    parser.add_argument("--max-restarts", type=int, default=d(0),
+                        help="times torchrun may restart every rank after one fails (default 0;"
+                             " > 0 runs under torchrun: the lab resumes from its checkpoint)")
     parser.add_argument("--node-rank", type=int, default=d(None),
                         help="this node's rank (torchrun uses it for static rendezvous)")
     parser.add_argument("--rdzv-endpoint", default=d(None),
                         help="HOST:PORT of the rendezvous, the same on every node")
+    parser.add_argument("--local-addr", default=d(None),
+                        help="this node's own address, if not its host name's (127.0.0.2 "
+                             "simulates a second node on one machine)")
     parser.add_argument("--rdzv-id", default=d(None),
                         help="job id, the same on every node (default: labkit-<lab>)")
     parser.add_argument("--verbose", action="store_true", default=d(False),
@@ -84,16 +96,15 @@ def run(args) -> int:
     from labkit.runtime.launch import LabError, run_lab
 
     lab_args = _split(args)
-    rdzv_id = args.rdzv_id
-    if rdzv_id is None and args.nnodes > 1:
-        rdzv_id = "labkit-" + "".join(c if c.isalnum() else "-" for c in args.lab)
+    rdzv_id = args.rdzv_id          # None: run_lab names it after the lab, as on every node
     try:
         _check_nodes(args.nnodes, args.node_rank)
         result = run_lab(args.lab, nproc=args.nproc, args=lab_args,
                          timeout=args.timeout or None, nnodes=args.nnodes,
                          node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
-                         rdzv_id=rdzv_id, verbose=args.verbose,
-                         oversubscribe=args.oversubscribe or None, launcher=args.launcher)
+                         rdzv_id=rdzv_id, local_addr=args.local_addr, verbose=args.verbose,
+                         oversubscribe=args.oversubscribe or None, launcher=args.launcher,
+                         max_restarts=args.max_restarts)
     except ValueError as exc:
         print(f"labkit run: {exc}", file=sys.stderr)
         return 2

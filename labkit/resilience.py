@@ -107,6 +107,45 @@ def young_daly_interval(mtbf, write_time, order: int = 1) -> float:
     return tau * (1 + math.sqrt(x) / 3 + x / 9) - d
 
 
+def restart_lost_seconds(since_checkpoint, restart_seconds) -> float:
+    """Wall time one failure costs a job that restarts from its last checkpoint: the work done
+    since that checkpoint, lost and done again, plus the restart (notice the failure, stop
+    and start the processes, rendezvous, load the checkpoint):
+
+        lost = since_checkpoint + restart_seconds
+
+    Nothing else is lost: the steps before the checkpoint are not redone, and the rest of the
+    run takes as long as it would have. labkit.labs.elastic measures both terms (its steps
+    padded to a fixed time, so that the work since the checkpoint is known in seconds)."""
+    since = validate.non_negative("since_checkpoint", since_checkpoint, MAX_SECONDS)
+    restart = validate.non_negative("restart_seconds", restart_seconds, MAX_SECONDS)
+    return since + restart
+
+
+def expected_lost_seconds(interval, restart_seconds) -> float:
+    """Expected wall time one failure costs at checkpoint `interval` (seconds of work between
+    checkpoints), a failure striking at a uniformly random moment of an interval:
+
+        E[lost] = interval / 2 + restart_seconds
+
+    Times the failures of a run (run time / MTBF) this is the work-lost and restart terms of
+    `overhead`; at Young's interval sqrt(2 write_time mtbf) it is sqrt(write_time mtbf / 2) +
+    restart_seconds."""
+    tau = validate.positive("interval", interval, MAX_SECONDS)
+    return restart_lost_seconds(tau / 2, restart_seconds)
+
+
+def goodput(work_seconds, lost_seconds=0.0, write_seconds=0.0) -> float:
+    """The fraction of wall time that trained: work / (work + checkpoint writes + time lost to
+    failures), for a run of `work_seconds` of useful steps that spent `write_seconds` writing
+    checkpoints (outside the steps) and lost `lost_seconds` (restart_lost_seconds, summed over
+    its failures). 1.0 is a run that never stopped."""
+    work = validate.positive("work_seconds", work_seconds, MAX_SECONDS)
+    lost = validate.non_negative("lost_seconds", lost_seconds, MAX_SECONDS)
+    write = validate.non_negative("write_seconds", write_seconds, MAX_SECONDS)
+    return work / (work + write + lost)
+
+
 def overhead(interval, write_time, mtbf, restart_seconds=0.0) -> float:
     """Expected fraction of time lost at checkpoint `interval` (first order): writing,
     write_time / interval, plus the work lost per failure, half an interval, interval /
@@ -117,3 +156,66 @@ def overhead(interval, write_time, mtbf, restart_seconds=0.0) -> float:
     m = validate.positive("mtbf", mtbf, MAX_SECONDS)
     r = validate.non_negative("restart_seconds", restart_seconds, MAX_SECONDS)
     return d / tau + tau / (2 * m) + r / m
+
+
+FT_COUNTS = ("samples", "steps")
+
+
+def ft_lost_seconds(downtime, groups, step_seconds, *, detect_seconds=0.0, heal_seconds=0.0,
+                    count: str = "samples") -> float:
+    """Expected seconds of training lost to one failure of one of R = `groups` replica groups
+    when the others carry on (torchft): nothing rolls back, the failed group restarts and heals
+    from a peer's memory. Measured by labkit.labs.ft.
+
+    From the failure, mid-step on average (step = step_seconds, D = downtime: from the failure
+    to the restarted group's first committed step):
+    - the step in flight fails at its all-reduce and is done again. torchft forms the next
+      quorum while a step computes, so the redo overlaps the lighthouse's detection (detect:
+      from the failure until it forms a quorum without the dead group, about its heartbeat
+      timeout): the step commits max(1.5 step, detect) after the failure instead of step/2
+      after it, max(step, detect - step/2) late;
+    - when the group rejoins, the quorum is formed again and it fetches a peer's state: heal
+      seconds in which no step commits;
+    - from the redone step to the rejoined group's first step, steps commit at full speed on
+      (R - 1)/R of the global batch: (D - max(1.5 step, detect) - heal)/step + 1 steps lose
+      1/R of their samples each.
+
+        "steps":   max(step, detect - step/2) + heal        (the job's step count goes on)
+        "samples": that + max(step, D + step - max(1.5 step, detect) - heal) / R
+
+    With R = 8 groups, 2 s steps, torchft's 5 s heartbeat timeout, a 10 s heal and a 10 min
+    restart: 14 s of steps and 14 + 587/8 = 87 s of samples, where restarting the whole job
+    from a checkpoint loses the 10 min and the work since the checkpoint
+    (`restart_lost_seconds`). Assumes
+    one group down at a time (failures far apart), steps of equal length, and that a step
+    trains the groups' shares of one global batch; the whole job failing (the lighthouse,
+    every group) still needs checkpoints."""
+    step = validate.positive("step_seconds", step_seconds, MAX_SECONDS)
+    r = validate.positive_int("groups", groups, validate.MAX_RANKS)
+    if r < 2:
+        raise ValueError(f"groups={r}: with one replica group nobody carries on; allowed: "
+                         "groups >= 2")
+    detect = validate.non_negative("detect_seconds", detect_seconds, MAX_SECONDS)
+    heal = validate.non_negative("heal_seconds", heal_seconds, MAX_SECONDS)
+    validate.choice("count", count, FT_COUNTS)
+    d = validate.positive("downtime", downtime, MAX_SECONDS)
+    steps = max(step, detect - step / 2) + heal
+    if count == "steps":
+        return steps
+    return steps + max(step, d + step - max(1.5 * step, detect) - heal) / r
+
+
+def ft_overhead(mtbf, downtime, groups, step_seconds, *, detect_seconds=0.0,
+                heal_seconds=0.0) -> float:
+    """Expected fraction of training lost to failures with torchft, one every `mtbf` seconds:
+    ft_lost_seconds(..., count="samples") / mtbf. The counterpart of `overhead` at Young's
+    interval for checkpoint/restart (which loses write_time / interval + interval / (2 mtbf) +
+    restart / mtbf). Needs mtbf >= downtime: one group down at a time."""
+    m = validate.positive("mtbf", mtbf, MAX_SECONDS)
+    d = validate.positive("downtime", downtime, MAX_SECONDS)
+    if m < d:
+        raise ValueError(f"mtbf={validate.describe(m)} is shorter than downtime="
+                         f"{validate.describe(d)}: failures would overlap, which this "
+                         "model does not cover; allowed: mtbf >= downtime")
+    return ft_lost_seconds(d, groups, step_seconds, detect_seconds=detect_seconds,
+                           heal_seconds=heal_seconds) / m

@@ -2,14 +2,12 @@
 
     labkit bench launcher [--nproc 4] [--repeat 3] [--no-transformers] [--no-nodes]
 
-Times from the run_lab call to its result, median of --repeat: hello from the cold pool (its
-`import torch` included), the warm pool, run_lab(launcher="torchrun") and a bare
-`python -m torch.distributed.run`; hello across two nodes simulated on loopback (two `labkit
-run --nnodes 2` commands, --nproc/2 ranks each: a workshop's multi-node start, issue 35); a
-transformers lab (labkit.labs.memory) from the warm pool
-and via torchrun. Targets on a 2-core laptop (issue 12): warm hello <= 1.0 s, cold pool no
-slower than torchrun, warm transformers lab <= 2 s. Other work on the cores adds noise: read
-the ratios.
+Median of --repeat, from the call to the result: hello from the cold pool (its `import torch`
+included), the warm pool, run_lab(launcher="torchrun"), bare torchrun; hello across two nodes
+simulated on loopback (two `labkit run --nnodes 2` commands, --nproc/2 ranks each); a
+transformers lab (labkit.labs.memory) from the warm pool and via torchrun. Targets on a 2-core
+laptop (issue 12): warm hello <= 1.0 s, cold pool no slower than torchrun, warm transformers
+lab <= 2 s. Other work on the cores adds noise: read the ratios.
 """
 from __future__ import annotations
 

@@ -5,12 +5,7 @@
     labkit run path/to/lab.py -n 2 -- --steps 10        # lab arguments after --
     # two nodes (run on each, same endpoint; R = 0 on the node that hosts the endpoint):
     labkit run hello -n 4 --nnodes 2 --node-rank R --rdzv-endpoint HOST:29400
-    # restart every rank (torchrun) up to once after one fails; the lab resumes itself:
-    labkit run elastic -n 2 --max-restarts 1 -- --kill-at-step 5 --ckpt-dir /tmp/el
-    # two nodes simulated on one machine (node 1 takes another loopback address as its own):
-    labkit run hello -n 2 --nnodes 2 --node-rank 0 --rdzv-endpoint 127.0.0.1:29400
-    labkit run hello -n 2 --nnodes 2 --node-rank 1 --rdzv-endpoint 127.0.0.1:29400 \
-        --local-addr 127.0.0.2
+    # on one machine, node 1 adds --local-addr 127.0.0.2 (docs/multinode.md)
 
 Exit status: 0 when every rank succeeded, 1 when the lab failed (the reason is printed),
 2 for bad arguments, 130 when interrupted. Which launcher runs it: `run`.
@@ -116,4 +111,7 @@ def run(args) -> int:
     ranks = [r for r in result.ranks if r.wall_time is not None]
     print(f"labkit run: {result.target} finished on {len(ranks)} rank(s) in "
           f"{result.wall_time:.1f} s ({result.launcher})", file=sys.stderr)
+    for f in result.failures:          # --max-restarts: what each earlier attempt died of
+        print(f"labkit run: attempt {f['attempt']} failed ({f['message']}); torchrun "
+              "restarted the ranks", file=sys.stderr)
     return 0

@@ -23,6 +23,7 @@ from labkit.runtime import dist, guard
 
 
 ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
+RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"   # torchrun: 0, then 1, 2, ... after each restart
 _LAB_SUFFIX = ".lab"      # where a lab's own @record writes (see _private_error_file)
 
 
@@ -86,6 +87,21 @@ def _ask_peers_where_they_are(exc: BaseException, tb: str) -> None:
         pass
 
 
+def _record_attempt() -> None:
+    """Under `torchrun --max-restarts N` the agent restarts every local rank after one dies,
+    and the new processes append to the same rank<R>.jsonl: an "attempt" record (written
+    before the start record, so that no record of the new attempt precedes it) opens the
+    records of restart k (TORCHELASTIC_RESTART_COUNT), and the launcher judges the last attempt
+    (labkit.runtime.verdict.split_attempts). Attempt 0 writes none: a run that never restarts
+    leaves the records it always did."""
+    try:
+        attempt = int(os.environ.get(RESTART_COUNT, "0"))
+    except ValueError:
+        return
+    if attempt > 0:
+        dist._write({"kind": "attempt", "attempt": attempt, "pid": os.getpid()})
+
+
 def _cell_globals() -> dict:
     import torch
     import torch.distributed
@@ -101,6 +117,7 @@ def main(argv: list[str]) -> None:
     target, args = argv[0], argv[1:]
     guard.protect_rank()          # die with torchrun and with the launcher (no orphans)
     error_file = _private_error_file()
+    _record_attempt()
     dist._begin()
     sys.argv = [target, *args]
     code = 0

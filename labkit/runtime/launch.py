@@ -25,12 +25,12 @@ import time
 import uuid
 from collections import defaultdict
 
-from labkit.runtime import guard, lab_times, progress, rundir, system
+from labkit.runtime import guard, lab_times, nodes, progress, rundir, system
 from labkit.runtime.dist import ENV_COLLECTIVE_TIMEOUT, ENV_RESULTS_DIR, ENV_RUN_ID
 from labkit.runtime.postmortem import dump_stacks, first_record, read_records
 from labkit.runtime.results import LabError, LabResult, RankResult  # noqa: F401 (re-exported)
 from labkit.runtime.teardown import proc_alive, teardown
-from labkit.runtime.verdict import DeathWatch, collect
+from labkit.runtime.verdict import DeathWatch, collect, last_attempt
 from labkit.validate import positive, positive_int
 
 # Under the launcher a collective waits this much longer than the launcher's own timeout, so a
@@ -43,7 +43,9 @@ LABS_PACKAGE = "labkit.labs"
 ENV_OVERSUBSCRIBE = "LABKIT_OVERSUBSCRIBE"
 ENV_LAUNCHER = "LABKIT_LAUNCHER"            # pool | torchrun | auto: run_lab's launcher=
 LAUNCHERS = ("auto", "pool", "torchrun")
+SHARED_STORE_OPT_OUT = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"   # see _launch (max_restarts)
 
+PEER_GONE = re.compile(r"(Connection|closed|reset) by peer|Broken pipe|Connection refused")
 _PREFIX = re.compile(r"^\[[A-Za-z_]*?(\d+)\]:(.*)$")
 _TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")
 
@@ -109,7 +111,8 @@ def choose_launcher(launcher: str | None, nnodes: int) -> str:
 # comes back with its rank, exception and traceback.
 def _torchrun_command(target: str, nproc: int, args, log_dir: str, run_id: str, nnodes: int,
                       node_rank: int | None, rdzv_endpoint: str | None,
-                      rdzv_id: str | None) -> list[str]:
+                      rdzv_id: str | None, join_timeout: float | None = None,
+                      local_addr: str | None = None) -> list[str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
            "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
            "--rdzv-endpoint", rdzv_endpoint or "127.0.0.1:0",
@@ -117,14 +120,17 @@ def _torchrun_command(target: str, nproc: int, args, log_dir: str, run_id: str, 
            "--log-dir", log_dir, "--redirects", "3"]
     if node_rank is not None:
         cmd += ["--node-rank", str(node_rank)]
+    if nnodes > 1:
+        cmd += nodes.rdzv_args(node_rank, join_timeout, local_addr)
     return cmd + ["-m", "labkit.runtime.bootstrap", target, *[str(a) for a in args]]
 
 
 def run_lab(target, nproc: int | None = None, args=(), timeout: float | None = 300,
             env: dict | None = None, *, nnodes: int = 1, node_rank: int | None = None,
             rdzv_endpoint: str | None = None, rdzv_id: str | None = None,
-            quiet: bool = False, verbose: bool = False, keep_logs: bool = False,
-            oversubscribe: bool | None = None, launcher: str | None = None) -> LabResult:
+            local_addr: str | None = None, quiet: bool = False, verbose: bool = False, keep_logs: bool = False,
+            oversubscribe: bool | None = None, launcher: str | None = None,
+            max_restarts: int = 0) -> LabResult:
     """Run `target` on `nproc` ranks and return a `LabResult`; raise `LabError` if a rank fails
     or the lab runs past `timeout` seconds (None: no limit).
 
@@ -132,7 +138,9 @@ def run_lab(target, nproc: int | None = None, args=(), timeout: float | None = 3
         to a script. args: the lab's command-line arguments. env: extra environment variables
         for the ranks (OMP_NUM_THREADS=1 is set unless given here).
     nnodes/node_rank/rdzv_endpoint/rdzv_id: multi-node runs (same rdzv_endpoint and rdzv_id on
-        every node). quiet: do not print the ranks' output (it is still in result.output); the
+        every node). local_addr: this node's own address, where it is not the one its
+        host name resolves to (127.0.0.2 simulates a second node on one machine; torchrun's
+        --local-addr). quiet: do not print the ranks' output (it is still in result.output); the
         progress line still shows in a notebook (labkit.runtime.progress), and on a TTY.
     verbose: also print the launcher's own log lines. keep_logs: keep the run directory (its
         path is in the LabError message). oversubscribe: start more ranks per node than this
@@ -141,6 +149,11 @@ def run_lab(target, nproc: int | None = None, args=(), timeout: float | None = 3
         pool; one node, Linux), "torchrun" (`python -m torch.distributed.run`: several nodes,
         SLURM, the standard path), or "auto" (the pool where it can, else torchrun); default
         from LABKIT_LAUNCHER, else "auto". Ranks see the same variables under both.
+    max_restarts: after a rank fails, torchrun stops the others and starts every rank afresh, up
+        to this many times (torchrun's --max-restarts; each rank reads TORCHELASTIC_RESTART_COUNT
+        and should resume from its checkpoint). The warm pool cannot restart ranks: > 0 runs
+        under torchrun ("auto", or LABKIT_LAUNCHER=pool), and launcher="pool" is refused. The
+        result is the last attempt's; result.restarts and result.failures say what came before.
     """
     t0 = time.monotonic()
     target = resolve_target(target)
@@ -165,23 +178,35 @@ def run_lab(target, nproc: int | None = None, args=(), timeout: float | None = 3
     if nnodes > 1 and not rdzv_endpoint:
         raise ValueError(f"nnodes={nnodes} needs rdzv_endpoint='HOST:PORT' (the same on every "
                          "node); allowed: nnodes=1 without it")
+    if nnodes > 1 and rdzv_id is None:  # every node's run_lab must name the same rendezvous
+        rdzv_id = "labkit-" + "".join(c if c.isalnum() else "-" for c in
+                                      lab_times.lab_name(target))
+    if nnodes > 1:        # a mistake that would hang every node is refused here, at once
+        for note in nodes.preflight(rdzv_endpoint, nnodes, node_rank, local_addr):
+            print(f"labkit: {note}", file=sys.stderr, flush=True)
+        if node_rank == 0 and local_addr is None:
+            local_addr = nodes.host_address(rdzv_endpoint)
+    max_restarts = _check_restarts(max_restarts, launcher)
     explicit = (launcher if launcher is not None else os.environ.get(ENV_LAUNCHER)) == "pool"
     launcher = choose_launcher(launcher, nnodes)
+    if max_restarts and launcher == "pool":     # "auto" (or LABKIT_LAUNCHER) chose it
+        launcher, explicit = "torchrun", False
     # The progress line (labkit.runtime.progress) says which lab runs, for how long so far,
     # and how long the course's run of it takes on a 2-core laptop; quiet=True keeps the
     # ranks' lines out, not this.
     expected = lab_times.expected_seconds(target, nproc, args) if nnodes == 1 else None
     with progress.task(_label(target, nproc, args, nnodes), expected, terminal=quiet):
         return _launch(target, nproc, args, timeout, env, nnodes=nnodes, node_rank=node_rank,
-                       rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, quiet=quiet,
+                       rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, local_addr=local_addr,
+                       quiet=quiet,
                        verbose=verbose, keep_logs=keep_logs, launcher=launcher,
-                       explicit=explicit, t0=t0)
+                       explicit=explicit, t0=t0, max_restarts=max_restarts)
 
 
 def _launch(target: str, nproc: int, args, timeout: float | None, env: dict | None, *,
             nnodes: int, node_rank: int | None, rdzv_endpoint: str | None, rdzv_id: str | None,
-            quiet: bool, verbose: bool, keep_logs: bool, launcher: str, explicit: bool,
-            t0: float) -> LabResult:
+            local_addr: str | None, quiet: bool, verbose: bool, keep_logs: bool, launcher: str, explicit: bool,
+            t0: float, max_restarts: int = 0) -> LabResult:
     """run_lab once its arguments are checked: start the ranks, relay their output, collect
     how each ended (explicit: the pool was asked for by name, so no fallback to torchrun)."""
     run_id = uuid.uuid4().hex[:12]
@@ -200,12 +225,19 @@ def _launch(target: str, nproc: int, args, timeout: float | None, env: dict | No
     if timeout is not None and ENV_COLLECTIVE_TIMEOUT not in (env or {}):
         child_env[ENV_COLLECTIVE_TIMEOUT] = str(timeout + COLLECTIVE_TIMEOUT_MARGIN)
     child_env.pop(ENV_LAUNCHER, None)      # a lab that launches labs chooses afresh
+    if max_restarts:
+        # torchrun's agent keeps one TCPStore for every attempt and the ranks use it without a
+        # per-attempt prefix, so a restarted rank may read a dead rank's gloo address and fail
+        # with "connectFullMesh ... Connection refused" (measured: 4 restarts in 6 failed on
+        # torch 2.13; pytorch issue 135712). Opting out of the shared store gives each attempt
+        # a store of its own, hosted by its rank 0.
+        child_env.setdefault(SHARED_STORE_OPT_OUT, "1")
     if guard.enabled(child_env):
         # torchrun and the ranks die with this process (a kernel restart, shutdown or kill -9
         # would otherwise leave them running): see labkit.runtime.guard.
         child_env.update(guard.launcher_env())
 
-    job = None
+    job = notice = None
     try:
         if launcher == "pool":
             from labkit.runtime.pool import PoolError, PoolJob
@@ -219,19 +251,24 @@ def _launch(target: str, nproc: int, args, timeout: float | None, env: dict | No
                       file=sys.stderr, flush=True)
                 launcher = "torchrun"
         if job is None:
+            if nnodes > 1 and node_rank:     # node 0 may start later: say so if it does
+                notice = nodes.notice_if_waiting(
+                    *nodes.parse_endpoint(rdzv_endpoint), node_rank, 5.0,
+                    lambda text: print(f"labkit: {text}", file=sys.stderr, flush=True))
             job = _TorchrunJob(_torchrun_command(target, nproc, args, log_dir, run_id, nnodes,
-                                                 node_rank, rdzv_endpoint, rdzv_id),
-                               child_env, log_dir)
+                                                 node_rank, rdzv_endpoint, rdzv_id,
+                                                 _join_timeout(timeout, t0), local_addr),
+                               child_env, log_dir, max_restarts)
     except BaseException:            # LabError, an interrupt while the pool starts, ...
         shutil.rmtree(run_dir, ignore_errors=True)
         raise
     printer = _Printer(quiet, verbose, _rank_labeller(nnodes, results_dir), launcher)
     deaths = DeathWatch(results_dir)        # when each rank died: who failed first
     stacks: dict[int, str] = {}
-    state = "exited"
+    state, stuck = "exited", None
 
     def rank_pids() -> dict[int, int]:
-        pids = {r: s["pid"] for r, recs in read_records(results_dir).items()
+        pids = {r: s["pid"] for r, recs in last_attempt(read_records(results_dir)).items()
                 if (s := first_record(recs, "start"))}
         return {**job.pids, **pids}
 
@@ -246,13 +283,21 @@ def _launch(target: str, nproc: int, args, timeout: float | None, env: dict | No
         if state == "timeout":
             pids = {r: p for r, p in rank_pids().items() if proc_alive(p)}
             stacks = dump_stacks(pids, results_dir)
+        if state == "timeout" and nnodes > 1 and not read_records(results_dir):
+            # read while node 0's store still lives: who came to the rendezvous
+            stuck = _rendezvous_stuck(rdzv_endpoint, rdzv_id or run_id, nnodes, node_rank,
+                                      time.monotonic() - t0)
     except KeyboardInterrupt:
+        if notice is not None:
+            notice.cancel()
         _shielded(lambda: job.stop(run_id, set(rank_pids().values())))
         print(f"labkit: interrupted; stopped the ranks of {target}",
               file=sys.stderr, flush=True)
         if not keep_logs:
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
+    if notice is not None:
+        notice.cancel()
     _shielded(lambda: job.stop(run_id, set(rank_pids().values())))   # clean exit too
     job.drain(printer, log_dir)
     returncode = 0 if state == "finished" else job.returncode()
@@ -261,16 +306,63 @@ def _launch(target: str, nproc: int, args, timeout: float | None, env: dict | No
         result, failure = collect(target, nproc, results_dir, log_dir, returncode, wall,
                                   printer.output, printer.agent_log, run_id,
                                   state == "timeout", timeout, stacks, deaths.died,
-                                  job.exit_codes(), launcher, deaths.codes)
+                                  job.exit_codes(), launcher, deaths.codes, deaths.earlier)
         job.after(read_records(results_dir))
     finally:
         if not keep_logs:
             shutil.rmtree(run_dir, ignore_errors=True)
+    if failure is not None and stuck is not None:
+        failure = LabError(stuck, reason="rendezvous", result=result)
+    elif failure is not None and nnodes > 1 and PEER_GONE.search(failure.args[0]):
+        failure.args = (failure.args[0] + f"\n(a lab across {nnodes} nodes: this node's ranks "
+                        "lost a peer, which happens when a rank on another node dies; that "
+                        "node's own output says why)",)
     if failure is not None:
         text = rundir.cap_message(failure.args[0], run_id)
         failure.args = (text + (f"\n(run directory kept: {run_dir})" if keep_logs else ""),)
         raise failure
     return result
+
+
+def _rendezvous_stuck(endpoint: str, rdzv_id: str, nnodes: int, node_rank: int | None,
+                      waited: float) -> str:
+    """The message for a node whose ranks never started: the rendezvous did not complete."""
+    host, port = nodes.parse_endpoint(endpoint)
+    if node_rank and not nodes.listening(host, port):
+        return nodes.nobody_listens(host, port, node_rank, waited)
+    came = nodes.joined(host, port, rdzv_id)
+    who = ("" if came is None else f"; {len(came)} of {nnodes} joined"
+           + (f" ({', '.join(came)})" if came else ""))
+    return (f"node {node_rank if node_rank is not None else '?'} waited {waited:.0f} s at the "
+            f"rendezvous {host}:{port} (id {rdzv_id}) for {nnodes} nodes{who}: the other "
+            f"node(s) never came. Start every node with the same --nnodes {nnodes}, "
+            f"--rdzv-endpoint {host}:{port} and --rdzv-id {rdzv_id}; a node that did start "
+            "and waits elsewhere was given another endpoint (its own address?) or id")
+
+
+def _join_timeout(timeout: float | None, t0: float) -> float | None:
+    """torchrun's rendezvous outwaits the lab's timeout, so that the launcher, which can read
+    who came, is the one that reports a node that never came."""
+    left = _left(timeout, t0)
+    return None if left is None else left + 30
+
+
+def _left(timeout: float | None, t0: float) -> float | None:
+    """Seconds left of the lab's timeout (None: no limit)."""
+    return None if timeout is None else max(1.0, timeout - (time.monotonic() - t0))
+
+
+def _check_restarts(max_restarts, launcher: str | None) -> int:
+    """max_restarts as an int >= 0; refused with launcher="pool" (its ranks cannot restart)."""
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ValueError(f"max_restarts={max_restarts!r} must be a whole number >= 0 (how many "
+                         "times torchrun may restart the ranks after a failure)")
+    if max_restarts and launcher == "pool":
+        raise ValueError(f"max_restarts={max_restarts} needs torchrun, which restarts the ranks "
+                         "after a failure, and launcher='pool' was asked for; the warm pool "
+                         "cannot restart them. allowed: launcher='torchrun' or 'auto' with "
+                         "max_restarts, or launcher='pool' with max_restarts=0")
+    return max_restarts
 
 
 def _label(target: str, nproc: int, args, nnodes: int) -> str:
@@ -285,7 +377,10 @@ class _TorchrunJob:
     """A lab under `python -m torch.distributed.run` (through the guard), read through its two
     pipes; what _pump and run_lab need of a launcher (PoolJob is the other)."""
 
-    def __init__(self, cmd: list[str], env: dict, log_dir: str):
+    def __init__(self, cmd: list[str], env: dict, log_dir: str, max_restarts: int = 0):
+        if max_restarts:            # _torchrun_command's default is 0: fail at the first failure
+            cmd = list(cmd)
+            cmd[cmd.index("--max-restarts") + 1] = str(max_restarts)
         if guard.enabled(env):
             cmd = guard.guarded_command(cmd)
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -440,8 +535,9 @@ class LogTail:
 
 
 def _all_ranks_done(results_dir: str, nproc: int) -> bool:
-    """Every rank wrote an exit record with code 0 and its process is gone."""
-    records = read_records(results_dir)
+    """Every rank wrote an exit record with code 0 and its process is gone (in the last
+    attempt, after restarts)."""
+    records = last_attempt(read_records(results_dir))
     if len(records) < nproc:
         return False
     for recs in records.values():

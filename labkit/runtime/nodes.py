@@ -1,20 +1,14 @@
 """Several nodes: check the rendezvous before torchrun waits on it, and say what went wrong.
 
-    host, port = parse_endpoint("10.0.0.1:29500")
     notes = preflight("10.0.0.1:29500", nnodes=2, node_rank=1, local_addr=None)  # or ValueError
     rdzv_args(node_rank=1, join_timeout=600, local_addr=None)     # torchrun's --rdzv-conf ...
     joined("10.0.0.1", 29500, "labkit-hello")                     # who reached the rendezvous
+    SimulatedNode("hello", 2, nnodes=2, node_rank=1, endpoint="127.0.0.1:29500")  # on loopback
 
-Why: torchrun's c10d rendezvous decides which node hosts its store by asking whether the
-endpoint names this machine, and any loopback name does. A node given "localhost" (or its own
-name) instead of node 0's address hosts a store of its own, forms a world of its own, and both
-nodes wait for each other until the join timeout (600 s by default): the job hangs instead of
-failing. Here node 0 hosts and the others never do (torchrun's `is_host`), a node other than 0
-is refused at once when its endpoint is itself, and a node whose endpoint never answers says
-so, naming it, instead of torchrun's generic connection error after 60 s.
-
-On one machine, nodes are simulated with loopback addresses: node 1 takes 127.0.0.2 as its own
-(`--local-addr 127.0.0.2`) and meets node 0 at 127.0.0.1 (tests/runtime/test_multinode.py).
+torchrun's c10d rendezvous lets any node whose endpoint names itself (any loopback name does)
+host a store of its own: a node given "localhost" then forms a world of its own, and every node
+waits for the others until the join timeout (600 s). Here node 0 hosts, a node given itself
+is refused at once, and a stuck rendezvous is reported with its endpoint: docs/runtime.md.
 """
 from __future__ import annotations
 

@@ -29,6 +29,11 @@ class LabResult:
     agent_log: list[str] = field(default_factory=list, repr=False)   # torchrun's own lines
     run_id: str = ""
     launcher: str = "torchrun"   # "pool" (warm processes, labkit.runtime.pool) or "torchrun"
+    # run_lab(max_restarts=N): how many times torchrun restarted the ranks, and how each earlier
+    # attempt failed ({"attempt", "rank", "reason", "exit_code", "signal", "exc_type",
+    # "message", "time"}: labkit.runtime.verdict); the rest of the result is the last attempt's
+    restarts: int = 0
+    failures: list[dict] = field(default_factory=list, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -39,7 +44,8 @@ class LabResult:
     def __repr__(self) -> str:
         state = "ok" if self.ok else "failed"
         return (f"LabResult(target={self.target!r}, nproc={self.nproc}, "
-                f"wall_time={self.wall_time:.2f} s, {state})")
+                f"wall_time={self.wall_time:.2f} s, {state}"
+                + (f", restarts={self.restarts})" if self.restarts else ")"))
 
 
 class LabError(RuntimeError):
@@ -47,7 +53,8 @@ class LabError(RuntimeError):
     type and message, and shows the first failing rank's traceback.
 
     Attributes: rank (first failing rank or None), exc_type, exc_message, traceback,
-    reason ("exception" | "exit" | "signal" | "timeout" | "launcher"), result (a LabResult).
+    reason ("exception" | "exit" | "signal" | "timeout" | "launcher" | "rendezvous": the nodes
+    never met), result (a LabResult).
     """
 
     def __init__(self, message: str, *, reason: str, rank: int | None = None,

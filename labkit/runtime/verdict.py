@@ -7,7 +7,8 @@ record; its peers then fail inside a collective ("Connection closed by peer") an
 exceptions would be blamed, the causality reversed. So: a rank that died silently (no error or
 exit record, a non-zero exit, not the launcher's SIGTERM) is the culprit unless a rank raised a
 real exception (not a lost-peer one) before it was seen dead. The launcher watches the ranks'
-pids (`DeathWatch`) to know when each died.
+pids (`DeathWatch`) to know when each died. After torchrun's restarts (run_lab max_restarts)
+the last attempt is judged, the earlier ones listed (`split_attempts`, `_attempt_failures`).
 """
 from __future__ import annotations
 
@@ -28,6 +29,12 @@ PEER_LOST = re.compile(r"Connection (closed|reset) by peer|Broken pipe|remote (w
                        r"|communicator was aborted|peer.*(closed|disconnect)|Socket closed"
                        r"|ProcessGroupNCCL.*(abort|watchdog)|store.*(closed|disconnected)", re.I)
 
+# torchrun's agent logs the first failure of each attempt it ends (the pid names the process;
+# its choice of the "first" is by whole seconds, so the rank it names may be a peer that died
+# in the same second: only the pid -> exit code pairing is used).
+AGENT_FAILURE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: \d+ \(pid: (\d+)\)")
+AGENT_RESTART = re.compile(r"attempts left; will restart worker group")
+
 SIGNAL_HINTS = {
     signal.SIGKILL: "the kernel's OOM killer does this when memory runs out (look at the "
                     "rank's memory, or `dmesg`), and so does `kill -9`",
@@ -35,6 +42,26 @@ SIGNAL_HINTS = {
     signal.SIGABRT: "a C++ abort: a failed check inside torch, gloo or NCCL",
     signal.SIGBUS: "a bad memory access, often /dev/shm full",
 }
+
+
+def split_attempts(records: dict[int, list[dict]]) -> dict[int, dict[int, list[dict]]]:
+    """attempt -> rank -> that attempt's records. A rank's file holds its attempts one after
+    the other (torchrun stops every rank before it starts the next attempt); an "attempt"
+    record opens each restart's records, and what comes before any is attempt 0."""
+    out: dict[int, dict[int, list[dict]]] = {}
+    for r, recs in records.items():
+        attempt = 0
+        for rec in recs:
+            if rec["kind"] == "attempt":
+                attempt = int(rec["attempt"])
+            out.setdefault(attempt, {}).setdefault(r, []).append(rec)
+    return out
+
+
+def last_attempt(records: dict[int, list[dict]]) -> dict[int, list[dict]]:
+    """rank -> records of the newest attempt (all records when the lab never restarted)."""
+    attempts = split_attempts(records)
+    return attempts[max(attempts)] if attempts else {}
 
 
 class DeathWatch:
@@ -46,7 +73,10 @@ class DeathWatch:
     torchrun's failure summary, which torchrun may fail to print. So each rank's pid is also
     watched through a pidfd (`fds`: readable the moment the process exits, which _pump waits
     on), and a rank seen as a zombie (exited, not yet reaped by torchrun, whose monitor looks
-    every 0.1 s) gives its exit status from /proc (`codes`)."""
+    every 0.1 s) gives its exit status from /proc (`codes`).
+
+    pids, died and codes are of the current attempt; when a restart's records appear (torchrun
+    --max-restarts) they move to `earlier[attempt]` and the watch follows the new processes."""
 
     def __init__(self, results_dir: str):
         self.results_dir = results_dir
@@ -55,12 +85,31 @@ class DeathWatch:
         self.codes: dict[int, int] = {}      # rank -> exit code (negative: signal), when seen
         self.fds: dict[int, int] = {}        # pidfd -> rank (open until close())
         self.new_fds: list[int] = []         # opened since the last take_new_fds()
+        self.attempt = 0
+        self.earlier: dict[int, dict] = {}   # attempt -> {"pids", "died", "codes"}
+
+    def _next_attempt(self, attempt: int) -> None:
+        """Keep what was seen of the current attempt (its processes are gone: torchrun stops
+        them all before it starts the next), and start afresh."""
+        self._look()
+        now = time.time()
+        for r in self.pids:
+            self.died.setdefault(r, now)
+        self.earlier[self.attempt] = {"pids": self.pids, "died": self.died, "codes": self.codes}
+        self.pids, self.died, self.codes, self.attempt = {}, {}, {}, attempt
 
     def poll(self) -> None:
-        for r, recs in read_records(self.results_dir).items():
+        self._look()       # first: a zombie's exit code is there only until torchrun reaps it
+        attempts = split_attempts(read_records(self.results_dir))
+        if attempts and max(attempts) > self.attempt:
+            self._next_attempt(max(attempts))
+        for r, recs in attempts.get(self.attempt, {}).items():
             if r not in self.pids and (start := first_record(recs, "start")):
                 self.pids[r] = start["pid"]
                 self._open(r, start["pid"])
+        self._look()
+
+    def _look(self) -> None:
         now = time.time()
         for r, pid in self.pids.items():
             if r in self.died:
@@ -122,15 +171,25 @@ def how_it_ended(code: int) -> str:
 
 def collect(target, nproc, results_dir, log_dir, returncode, wall, output, agent_log, run_id,
             timed_out, timeout, stacks, died=None, exit_codes=None, launcher="torchrun",
-            seen_codes=None):
+            seen_codes=None, earlier=None):
     """Build the LabResult and, when the lab failed, the LabError to raise. died: rank -> time
     (time.time()) its process was first seen gone, from a DeathWatch. exit_codes: rank -> exit
     code (negative: the signal) where the launcher knows them (the pool's agent reaps the
     ranks); else read from torchrun's failure summary, and where that does not give one (it
     may be missing: torchrun can crash before printing it), from seen_codes (what a DeathWatch
-    read of the exited ranks)."""
+    read of the exited ranks).
+
+    After restarts (torchrun --max-restarts), the last attempt is judged; earlier: attempt ->
+    {"pids", "died", "codes"} (DeathWatch.earlier) for the failures of the earlier attempts,
+    listed in result.failures (and, when the last attempt failed too, in the LabError)."""
     died = died or {}
-    records = read_records(results_dir)
+    attempts = split_attempts(read_records(results_dir))
+    last = max(attempts, default=0)
+    restarts = max(last, len(AGENT_RESTART.findall("\n".join(agent_log))))
+    records = attempts.get(last, {}) if restarts == last else {}   # {}: it left no records
+    if restarts != last:
+        died, seen_codes = {}, None
+    by_pid = agent_exit_codes(agent_log)
     if exit_codes is None:
         summary_codes = {**(seen_codes or {}), **exit_codes_from_summary(agent_log)}
     else:
@@ -143,6 +202,8 @@ def collect(target, nproc, results_dir, log_dir, returncode, wall, output, agent
         recs = records.get(r, [])
         start, exit_ = first_record(recs, "start"), first_record(recs, "exit")
         code = exit_["code"] if exit_ else summary_codes.get(r)
+        if code is None and start:
+            code = by_pid.get(start["pid"])
         if code is None and returncode == 0 and start:
             code = 0
         wall_r = exit_["wall_time"] if exit_ else (end - start["time"] if start else None)
@@ -155,12 +216,75 @@ def collect(target, nproc, results_dir, log_dir, returncode, wall, output, agent
     result = LabResult(target, nproc, ranks, results, wall, returncode, output, agent_log, run_id,
                        launcher)
     name = short_path(target)
+    if restarts:
+        result.restarts = restarts
+        result.failures = _attempt_failures(name, nproc, attempts, range(restarts),
+                                            earlier or {}, by_pid, log_dir, launcher)
+        log_dir = attempt_log_dir(log_dir, restarts)
     if timed_out:
-        return result, _timeout_error(name, result, records, timeout, stacks)
-    if result.ok:
+        failure = _timeout_error(name, result, records, timeout, stacks)
+    elif result.ok:
         return result, None
-    return result, _failure(name, result, records, log_dir, returncode, output, agent_log, died,
-                            launcher, read_stacks(results_dir))
+    else:
+        failure = _failure(name, result, records, log_dir, returncode, output, agent_log, died,
+                           launcher, read_stacks(results_dir))
+    return result, _after_restarts(failure, name, result) if restarts else failure
+
+
+def agent_exit_codes(agent_log: list[str]) -> dict[int, int]:
+    """pid -> exit code of the processes torchrun's agent logged as failed (AGENT_FAILURE)."""
+    return {int(pid): int(code) for code, pid in AGENT_FAILURE.findall("\n".join(agent_log))}
+
+
+def attempt_log_dir(log_dir: str, attempt: int) -> str:
+    """torchrun's folder of one attempt's logs and error files (<log_dir>/<run>/attempt_N);
+    a path that does not exist when there is none."""
+    import glob
+    found = sorted(glob.glob(os.path.join(glob.escape(log_dir), "*", f"attempt_{attempt}")))
+    return found[0] if found else os.path.join(log_dir, f"attempt_{attempt}")
+
+
+def _attempt_failures(name, nproc, attempts, numbers, earlier, by_pid, log_dir,
+                      launcher) -> list[dict]:
+    """How each of the earlier attempts failed, judged as a run of its own (`_failure`): {
+    "attempt", "rank" (the culprit, or None), "reason", "exit_code", "signal" ("SIGKILL" or
+    None), "exc_type", "message" (one line), "time" (when its culprit was seen gone, or None)}."""
+    out = []
+    for k in numbers:
+        recs, seen = attempts.get(k, {}), earlier.get(k, {})
+        codes, died = seen.get("codes", {}), seen.get("died", {})
+        ranks = []
+        world = max([nproc] + [s["world_size"] for rr in recs.values()
+                               if (s := first_record(rr, "start"))])
+        for r in range(world):
+            start, exit_ = (first_record(recs.get(r, []), kind) for kind in ("start", "exit"))
+            code = exit_["code"] if exit_ else (start and by_pid.get(start["pid"]))
+            code = codes.get(r) if code is None else code
+            ranks.append(RankResult(r, code, None, start and start["pid"], None))
+        trial = LabResult(name, nproc, ranks, [{} for _ in ranks], 0.0, 1, [], [], "", launcher)
+        err = _failure(name, trial, recs, attempt_log_dir(log_dir, k), 1, [], [], died,
+                       launcher, None)
+        code = ranks[err.rank].exit_code if err.rank is not None else None
+        sig = (signal.Signals(-code).name if code is not None and code < 0
+               and -code in signal.valid_signals() else None)
+        out.append({"attempt": k, "rank": err.rank, "reason": err.reason, "exit_code": code,
+                    "signal": sig, "exc_type": err.exc_type,
+                    "message": str(err).splitlines()[0].replace(f"lab {name} failed: ", "", 1),
+                    "time": died.get(err.rank)})
+    return out
+
+
+def _after_restarts(err: LabError, name: str, result: LabResult) -> LabError:
+    """The last attempt's LabError, saying that the lab restarted and how each earlier
+    attempt failed."""
+    times = f"restarted {result.restarts} time{'s' * (result.restarts > 1)}"
+    head, *rest = str(err).splitlines()
+    head = head.replace(f"lab {name} failed: ", f"lab {name} failed in every attempt ({times});"
+                        " the last: ", 1).replace(f"lab {name} timed out: ", f"lab {name} timed"
+                                                  f" out in its last attempt ({times}): ", 1)
+    earlier = [f"attempt {f['attempt']} failed: {f['message']}" for f in result.failures]
+    err.args = ("\n".join([head, *earlier, *rest]),)
+    return err
 
 
 def _timeout_error(name, result, records, timeout, stacks) -> LabError:

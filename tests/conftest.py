@@ -41,12 +41,13 @@ def _has_cuda() -> bool:
 # `make test` hands whole files to its 2 workers in collection order (--dist loadfile): started
 # first, the long ones cannot be what one worker still runs alone at the end.
 LONGEST_FIRST = (
-    "course/test_grading.py", "course/test_grading_shortcuts.py", "runtime/test_faults.py",
-    "lessons/test_07_pipeline_parallel.py", "course/test_grading_seal.py",
-    "lessons/test_05_fsdp.py", "views/test_planner_widget.py",
-    "lessons/test_11_reading_a_run.py", "runtime/test_blame.py",
-    "lessons/test_08_3d_parallelism.py", "course/test_calculators_kernels.py",
-    "labs/test_pp_lab.py", "labs/test_moe_exercise.py", "labs/test_interview_exercise.py",
+    "course/test_grading.py", "course/test_grading_shortcuts.py", "lessons/test_05_fsdp.py",
+    "runtime/test_faults.py", "lessons/test_07_pipeline_parallel.py",
+    "course/test_grading_seal.py", "views/test_planner_widget.py",
+    "lessons/test_11_reading_a_run.py", "runtime/test_blame.py", "runtime/test_multinode.py",
+    "labs/test_elastic_lab.py", "lessons/test_08_3d_parallelism.py",
+    "course/test_calculators_kernels.py", "labs/test_pp_lab.py", "labs/test_ft_lab.py",
+    "labs/test_moe_exercise.py", "labs/test_interview_exercise.py",
 )
 
 

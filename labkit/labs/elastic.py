@@ -299,6 +299,7 @@ def _summary(events, steps, save_every, step_seconds, kill_at) -> dict:
     since = (kill_at - 1 - (kill_at - 1) // save_every * save_every) * step_seconds
     restart = first["begin"] - died
     return {**out, "restart_seconds": restart, "since_checkpoint_seconds": since,
+            "killed_at_seconds": died - t0,
             "predicted_lost_seconds": resilience.restart_lost_seconds(since, restart),
             "restart_parts": {"start_and_rendezvous": joined - died,
                               "build_and_load": resumed - joined,

@@ -60,7 +60,7 @@ def progress_figure(runs, *, title: str = "Steps done against wall time, one ran
             ax.plot([t], [sum(e <= t for e in ends)], marker="x", ms=9, mew=2,
                     color=COLOURS.get(name))
     ax.set_xlabel("seconds since the first step began")
-    ax.set_ylabel("steps committed")
+    ax.set_ylabel("steps kept (a redone step once)")
     ax.legend(fontsize=8, loc="lower right")
     ax.set_title(title + " (x: the kill)", fontsize=11)
     return fig

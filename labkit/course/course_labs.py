@@ -24,6 +24,9 @@ class LabRun:
 
 
 _CKPT = ("--steps", "8", "--save-every", "2")
+# module 05's relaunch (labkit.labs.elastic.measure): the killed run, then a new one that resumes
+# (its in-place restart, max_restarts=1, and torchft's driver are not run_lab calls of this kind)
+_ELASTIC = ("--steps", "10", "--save-every", "3", "--step-seconds", "0.3")
 _COLL = ("--sizes", "4K,64K,512K,2M,8M", "-n", "3", "-w", "1", "--plot", "")
 
 # Every run_lab of notebooks/, with the notebook's own arguments (module 09 launches none; the
@@ -57,6 +60,11 @@ COURSE_LABS: tuple[LabRun, ...] = (
            (*_CKPT, "--ckpt-dir", "{tmp}/run", "--crash-at-step", "5"), fails=True),
     LabRun("checkpoint:resume", "05", "checkpoint", 4,
            (*_CKPT, "--ckpt-dir", "{tmp}/run", "--resume"), needs=("checkpoint:crash",)),
+    LabRun("elastic:crash", "05", "elastic", 2, (*_ELASTIC, "--ckpt-dir", "{tmp}/elastic",
+                                                 "--kill-at-step", "6", "--kill-rank", "1"),
+           preflight=True, fails=True),
+    LabRun("elastic:resume", "05", "elastic", 2, (*_ELASTIC, "--ckpt-dir", "{tmp}/elastic"),
+           needs=("elastic:crash",)),
     LabRun("tp:block-2", "06", "tp", 2, ("--part", "block"), preflight=True),
     LabRun("tp:block-4", "06", "tp", 4, ("--part", "block")),
     LabRun("tp:dtensor", "06", "tp", 2, ("--part", "dtensor")),

@@ -18,6 +18,7 @@ PATH_FLAGS = frozenset({"--plot", "--ckpt-dir"})
 # steps): kept as (flag, "DIR") whatever the folder.
 PRESENCE_FLAGS = frozenset({"--trace"})
 _CKPT = ("--steps", "8", "--save-every", "2", "--ckpt-dir", "")
+_ELASTIC = ("--steps", "10", "--save-every", "3", "--step-seconds", "0.3", "--ckpt-dir", "")
 
 # (run, lab of labkit.labs, ranks, arguments, seconds): CPU wall time of the run, best of 2
 LAB_TIMES: tuple[tuple[str, str, int, tuple[str, ...], float], ...] = (
@@ -46,6 +47,8 @@ LAB_TIMES: tuple[tuple[str, str, int, tuple[str, ...], float], ...] = (
     ("checkpoint", "checkpoint", 4, _CKPT, 3.8),
     ("checkpoint:crash", "checkpoint", 4, (*_CKPT, "--crash-at-step", "5"), 2.5),
     ("checkpoint:resume", "checkpoint", 4, (*_CKPT, "--resume"), 2.8),
+    ("elastic:crash", "elastic", 2, (*_ELASTIC, "--kill-at-step", "6", "--kill-rank", "1"), 3.2),
+    ("elastic:resume", "elastic", 2, _ELASTIC, 3.9),
     ("tp:block-2", "tp", 2, ("--part", "block"), 0.6),
     ("tp:block-4", "tp", 4, ("--part", "block"), 0.9),
     ("tp:dtensor", "tp", 2, ("--part", "dtensor"), 2.3),

@@ -20,7 +20,9 @@ MODULES = (
     Module("02", "02_collectives", "collectives", "use all-reduce / all-gather / reduce-scatter, write ring all-reduce, measure busbw", 90),
     Module("03", "03_ddp", "DDP", "build DDP from scratch (naive -> bucketed -> overlapped), compare with torch DDP", 90),
     Module("04", "04_zero", "ZeRO", "build ZeRO-1/2/3, measure per-rank memory and communication against the formulas", 120),
-    Module("05", "05_fsdp", "FSDP", "FSDP2 `fully_shard` on a transformers model, wrapping, mixed precision, checkpoints", 90),
+    Module("05", "05_fsdp", "FSDP", "FSDP2 `fully_shard` on a transformers model, wrapping, "
+           "mixed precision, checkpoints; nodes that meet or don't, and three recoveries from a "
+           "dead rank (relaunch, elastic restart, torchft)", 100),
     Module("06", "06_tensor_parallel", "tensor parallelism", "Megatron column/row parallel by hand, then DTensor; sequence parallelism", 120),
     Module("07", "07_pipeline_parallel", "pipeline parallelism", "schedules and bubbles up to ZB-V and DualPipeV, GPipe by hand, torch.distributed.pipelining, a schedule of your own", 120),
     Module("08", "08_3d_parallelism", "3D parallelism", "DeviceMesh, TP+FSDP, PP+DP, a planner for real clusters, case studies", 120),

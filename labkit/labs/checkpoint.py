@@ -16,22 +16,19 @@ import argparse
 import os
 import signal
 
-import torch.distributed as tdist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from labkit.labs.common.flags import positive_int, unwritable
 from labkit.parallel import checkpoint
 from labkit.runtime import dist
-from labkit.labs.common.fsdp_lm import batch, check_model_flags, check_world, model_flags, sharded
+from labkit.labs.common.fsdp_lm import (batch, check_model_flags, check_world, finish_step,
+                                        killed_rank, model_flags, sharded)
 from labkit.labs.common.resume import LoadError, config, intact, other_flags, resume
 
 
 def run(args, ctx) -> dict:
     check_world(args, ctx)
-    crash_rank = ctx.world_size - 1 if args.crash_rank is None else args.crash_rank
-    if args.crash_at_step is not None and crash_rank >= ctx.world_size:
-        raise ValueError(f"--crash-rank {crash_rank} is not a rank of this run; allowed: 0 to "
-                         f"{ctx.world_size - 1}")
+    crash_rank = killed_rank(args.crash_rank, "--crash-rank", args.crash_at_step, ctx)
     model, opt = sharded(args)
     n_params = sum(p.numel() for p in model.parameters())
     start, losses, saves = 0, [], []
@@ -52,12 +49,7 @@ def run(args, ctx) -> dict:
         if step == args.crash_at_step and ctx.rank == crash_rank:
             print(f"rank {ctx.rank}: killing myself with SIGKILL at step {step}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        mean = loss.detach().clone()
-        tdist.all_reduce(mean)
-        losses.append([step, (mean / ctx.world_size).item()])
+        losses.append([step, finish_step(loss, opt, ctx)])
         if args.ckpt_dir and step % args.save_every == 0:
             checkpoint.save(model, opt, step, args.ckpt_dir,
                             extra={"losses": losses, "config": config(args)})

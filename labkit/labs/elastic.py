@@ -50,16 +50,12 @@ def note(ckpt_dir: str, **event) -> None:
 
 
 def run(args, ctx) -> dict:
-    import torch.distributed as tdist
-
-    from labkit.labs.common.fsdp_lm import batch, check_world, sharded
+    from labkit.labs.common.fsdp_lm import (batch, check_world, finish_step, killed_rank,
+                                            sharded)
     from labkit.parallel import checkpoint
 
     check_world(args, ctx)
-    kill_rank = ctx.world_size - 1 if args.kill_rank is None else args.kill_rank
-    if args.kill_at_step is not None and kill_rank >= ctx.world_size:
-        raise ValueError(f"--kill-rank {kill_rank} is not a rank of this run; allowed: 0 to "
-                         f"{ctx.world_size - 1}")
+    kill_rank = killed_rank(args.kill_rank, "--kill-rank", args.kill_at_step, ctx)
     rank0 = ctx.rank == 0
     if rank0:
         note(args.ckpt_dir, event="joined")               # processes up, rendezvous done
@@ -79,12 +75,7 @@ def run(args, ctx) -> dict:
             note(args.ckpt_dir, event="kill", rank=ctx.rank, step=step)
             print(f"rank {ctx.rank}: killing myself with SIGKILL at step {step}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        mean = loss.detach().clone()
-        tdist.all_reduce(mean)
-        losses.append([step, (mean / ctx.world_size).item()])
+        losses.append([step, finish_step(loss, opt, ctx)])
         if step % args.save_every == 0:
             checkpoint.save(model, opt, step, args.ckpt_dir,
                             extra={"losses": losses, "config": resume.config(args)})

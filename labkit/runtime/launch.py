@@ -29,7 +29,7 @@ from labkit.runtime import guard, lab_times, nodes, progress, rundir, system
 from labkit.runtime.dist import ENV_COLLECTIVE_TIMEOUT, ENV_RESULTS_DIR, ENV_RUN_ID
 from labkit.runtime.postmortem import dump_stacks, first_record, read_records
 from labkit.runtime.results import LabError, LabResult, RankResult  # noqa: F401 (re-exported)
-from labkit.runtime.teardown import proc_alive, teardown
+from labkit.runtime.teardown import proc_alive, shielded, teardown
 from labkit.runtime.verdict import DeathWatch, collect, last_attempt
 from labkit.validate import positive, positive_int
 
@@ -290,7 +290,7 @@ def _launch(target: str, nproc: int, args, timeout: float | None, env: dict | No
     except KeyboardInterrupt:
         if notice is not None:
             notice.cancel()
-        _shielded(lambda: job.stop(run_id, set(rank_pids().values())))
+        shielded(lambda: job.stop(run_id, set(rank_pids().values())))
         print(f"labkit: interrupted; stopped the ranks of {target}",
               file=sys.stderr, flush=True)
         if not keep_logs:
@@ -298,7 +298,7 @@ def _launch(target: str, nproc: int, args, timeout: float | None, env: dict | No
         raise
     if notice is not None:
         notice.cancel()
-    _shielded(lambda: job.stop(run_id, set(rank_pids().values())))   # clean exit too
+    shielded(lambda: job.stop(run_id, set(rank_pids().values())))   # clean exit too
     job.drain(printer, log_dir)
     returncode = 0 if state == "finished" else job.returncode()
     wall = time.monotonic() - t0
@@ -426,18 +426,6 @@ class _TorchrunJob:
 
     def close_streams(self) -> None:
         pass
-
-
-def _shielded(fn) -> None:
-    """Run fn with Ctrl-C ignored (a second interrupt must not skip the SIGKILL)."""
-    import threading
-    if threading.current_thread() is not threading.main_thread():
-        return fn()
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        fn()
-    finally:
-        signal.signal(signal.SIGINT, old)
 
 
 def _rank_labeller(nnodes: int, results_dir: str):

@@ -68,3 +68,15 @@ def teardown(proc: subprocess.Popen | None, run_id: str, rank_pids: set[int]) ->
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+
+
+def shielded(fn) -> None:
+    """Run fn with Ctrl-C ignored (a second interrupt must not cut a clean-up short)."""
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        return fn()
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        fn()
+    finally:
+        signal.signal(signal.SIGINT, old)

@@ -89,3 +89,25 @@ def sharded(args):
     from labkit.parallel.fsdp import shard_model
     model = shard_model(build(args))
     return model, torch.optim.AdamW(model.parameters(), lr=args.lr)
+
+
+def killed_rank(rank, flag: str, at_step, ctx) -> int:
+    """The rank a --crash/--kill run kills: `rank`, or the last one (ValueError if no rank of
+    this run)."""
+    rank = ctx.world_size - 1 if rank is None else rank
+    if at_step is not None and rank >= ctx.world_size:
+        raise ValueError(f"{flag} {rank} is not a rank of this run; allowed: 0 to "
+                         f"{ctx.world_size - 1}")
+    return rank
+
+
+def finish_step(loss, opt, ctx) -> float:
+    """Backward, the optimizer's step, and the loss averaged over the ranks (what the crash and
+    elastic labs record for each step)."""
+    import torch.distributed as tdist
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    mean = loss.detach().clone()
+    tdist.all_reduce(mean)
+    return (mean / ctx.world_size).item()

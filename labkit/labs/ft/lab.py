@@ -30,7 +30,7 @@ from labkit.labs.ft.figures import figures, summary
 from labkit.labs.ft.lighthouse import VERSION, Lighthouse
 from labkit.runtime import system
 from labkit.runtime.launch import LabError, choose_launcher, run_lab
-from labkit.runtime.teardown import marked_pids
+from labkit.runtime.teardown import marked_pids, shielded
 from labkit.validate import non_negative, positive, positive_int
 
 GROUP = "labkit.labs.ft.group"
@@ -182,7 +182,7 @@ def measure(steps: int = 30, kill_at: int = 8, step_seconds: float = 0.3, group_
             while any(t.is_alive() for t in threads) and not any(t.error for t in threads):
                 time.sleep(0.1)
         finally:       # also on KeyboardInterrupt: nothing of this run may outlive the call
-            _uninterrupted(lambda: stop_all(run.stopping, token, threads, lighthouse))
+            shielded(lambda: stop_all(run.stopping, token, threads, lighthouse))
         failed = sorted((t for t in threads if t.error), key=lambda t: t.failed_at)
         if failed:
             raise _group_error(failed[0])
@@ -238,17 +238,6 @@ def stop_all(stopping: threading.Event, token: str, threads: list[Group], lighth
         alive[0].join(timeout=0.2)
     if lighthouse is not None:
         lighthouse.stop()
-
-
-def _uninterrupted(fn) -> None:
-    """fn() with Ctrl-C ignored (a second interrupt must not cut the clean-up short)."""
-    if threading.current_thread() is not threading.main_thread():
-        return fn()
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        fn()
-    finally:
-        signal.signal(signal.SIGINT, old)
 
 
 def _group_error(t: Group) -> BaseException:

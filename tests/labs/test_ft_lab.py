@@ -143,16 +143,29 @@ def test_a_failure_inside_a_group_names_it_and_stops_everything(mark):
 
 
 @needs_torchft
-def test_an_interrupt_stops_the_lighthouse_and_every_group(mark):
-    """Ctrl-C (KeyboardInterrupt in the caller's thread) once the lighthouse and both groups
-    run: measure() stops them all before the interrupt reaches the caller."""
-    def interrupt():
+def test_an_interrupt_stops_the_lighthouse_and_every_group(mark, monkeypatch):
+    """Ctrl-C (KeyboardInterrupt in the caller's thread) once the lighthouse and both groups'
+    ranks run: measure() stops them all before the interrupt reaches the caller. The ranks are
+    found by the pids they record (a rank forked from a warm pool started by an earlier test
+    keeps that pool's environment, without this test's mark)."""
+    seen: set[int] = set()
+    start_groups = ft.start_groups
+
+    def interrupt(run_dir):
         deadline = time.monotonic() + 60
-        while len(processes_marked(mark)) < 3 and time.monotonic() < deadline:
+        while len(seen) < 2 and time.monotonic() < deadline:
+            seen.update(ft.recorded_pids(run_dir))
             time.sleep(0.05)
         _thread.interrupt_main()
 
-    threading.Thread(target=interrupt, daemon=True).start()
+    def start_and_interrupt(run, lighthouse, threads):
+        threading.Thread(target=interrupt, args=(run.dir,), daemon=True).start()
+        start_groups(run, lighthouse, threads)
+
+    monkeypatch.setattr(ft, "start_groups", start_and_interrupt)
     with pytest.raises(KeyboardInterrupt):
         ft.measure(steps=STEPS, kill_at=KILL, step_seconds=STEP, env={MARK: mark})
+    assert len(seen) >= 2, "the groups' ranks never started"
     assert processes_marked(mark) == []
+    from labkit.runtime.guard import alive
+    assert [pid for pid in seen if alive(pid)] == [], "a group's rank outlived the interrupt"

@@ -211,6 +211,14 @@ def train(args, ctx, manager, model, opt, healed: dict) -> tuple[list, list]:
     return done, failed
 
 
+def record_pid(run_dir: str) -> None:
+    """This rank's pid and start time, for the driver: a rank forked from the warm pool keeps
+    the pool's environment in /proc, so the run's variable does not find it there."""
+    from labkit.runtime.guard import start_time
+    with open(os.path.join(run_dir, f"pid{os.getpid()}"), "w") as f:
+        f.write(start_time(os.getpid()) or "")
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     # torch's loader of the checkpoint a healing group receives (torchft's HTTP transport)
@@ -218,6 +226,8 @@ def main(argv=None) -> None:
     warnings.filterwarnings("ignore", message="The given buffer is not writable",
                             category=UserWarning)
     ctx = dist.setup("gloo", seed=args.seed)
+    if args.run_dir:      # the driver's clean-up finds every rank by this (labs.ft.lab.stop_all)
+        record_pid(args.run_dir)
     if args.global_batch % (args.groups * ctx.world_size):
         raise ValueError(f"--global-batch {args.global_batch} does not split over {args.groups} "
                          f"groups of {ctx.world_size} ranks; allowed: a multiple of "

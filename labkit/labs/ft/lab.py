@@ -182,7 +182,7 @@ def measure(steps: int = 30, kill_at: int = 8, step_seconds: float = 0.3, group_
             while any(t.is_alive() for t in threads) and not any(t.error for t in threads):
                 time.sleep(0.1)
         finally:       # also on KeyboardInterrupt: nothing of this run may outlive the call
-            shielded(lambda: stop_all(run.stopping, token, threads, lighthouse))
+            shielded(lambda: stop_all(run.stopping, token, threads, lighthouse, run.dir))
         failed = sorted((t for t in threads if t.error), key=lambda t: t.failed_at)
         if failed:
             raise _group_error(failed[0])
@@ -220,14 +220,17 @@ def start_groups(run, lighthouse: str, threads: list[Group]) -> None:
         threads[-1].start()
 
 
-def stop_all(stopping: threading.Event, token: str, threads: list[Group], lighthouse) -> None:
-    """Stop every process of the run (SIGKILL to all that carry its token: the groups' ranks,
-    torchrun if used, the lighthouse) until the groups' threads have ended: a thread may be
-    launching the restarted group at the very moment, so one sweep is not enough."""
+def stop_all(stopping: threading.Event, token: str, threads: list[Group], lighthouse,
+             run_dir: str | None = None) -> None:
+    """Stop every process of the run (SIGKILL to all that carry its token: torchrun if used,
+    its ranks, the lighthouse; and to every rank that wrote its pid in run_dir: ranks forked
+    from the warm pool keep the pool's environment) until the groups' threads have ended: a
+    thread may be launching the restarted group at the very moment, so one sweep is not
+    enough."""
     stopping.set()
     deadline = time.monotonic() + 60
     while True:
-        for pid in marked_pids(ENV_RUN, token):
+        for pid in marked_pids(ENV_RUN, token) | recorded_pids(run_dir):
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
@@ -238,6 +241,20 @@ def stop_all(stopping: threading.Event, token: str, threads: list[Group], lighth
         alive[0].join(timeout=0.2)
     if lighthouse is not None:
         lighthouse.stop()
+
+
+def recorded_pids(run_dir: str | None) -> set[int]:
+    """The live ranks that recorded themselves in run_dir (group.record_pid): pid and start
+    time, so that a reused pid is never signalled."""
+    from labkit.runtime.guard import alive
+    found = set()
+    for name in os.listdir(run_dir) if run_dir and os.path.isdir(run_dir) else ():
+        if name.startswith("pid") and name[3:].isdigit():
+            with open(os.path.join(run_dir, name)) as f:
+                started = f.read().strip() or None
+            if alive(int(name[3:]), started):
+                found.add(int(name[3:]))
+    return found
 
 
 def _group_error(t: Group) -> BaseException:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import _thread
 import itertools
 import re
+import signal
 import threading
 import time
 import uuid
@@ -163,8 +164,14 @@ def test_an_interrupt_stops_the_lighthouse_and_every_group(mark, monkeypatch):
         start_groups(run, lighthouse, threads)
 
     monkeypatch.setattr(ft, "start_groups", start_and_interrupt)
-    with pytest.raises(KeyboardInterrupt):
-        ft.measure(steps=STEPS, kill_at=KILL, step_seconds=STEP, env={MARK: mark})
+    # pytest-xdist's workers ignore SIGINT, and interrupt_main() then does nothing: Python's own
+    # handler, as in a kernel or a shell, for this test
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ft.measure(steps=STEPS, kill_at=KILL, step_seconds=STEP, env={MARK: mark})
+    finally:
+        signal.signal(signal.SIGINT, old)
     assert len(seen) >= 2, "the groups' ranks never started"
     assert processes_marked(mark) == []
     from labkit.runtime.guard import alive

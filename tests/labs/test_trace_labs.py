@@ -114,15 +114,18 @@ def test_step_span_is_near_the_measured_step(traces):
 
 @pytest.mark.multirank
 def test_straggler_sleep_is_idle_on_its_rank_and_waited_for_by_the_other(traces):
-    """The sleeping rank runs nothing during the sleep (idle >= the sleep, whatever the load);
-    the other waits for it in the all-reduce: over both steps its communication holds at least
-    half of the two sleeps (load on the waiting rank could only eat into the wait)."""
+    """The sleeping rank computes nothing during the sleep (time without compute >= the sleep,
+    whatever the load; not idle >= the sleep: the previous step's all-reduce, finished late on a
+    loaded machine, can overlap the sleep: measured 46 ms idle in a 50 ms sleep); the other
+    waits for it in the all-reduce: over both steps its communication holds at least half of
+    the two sleeps (load on the waiting rank could only eat into the wait)."""
     files = traces["straggler", "straggler"]
     slow = info(files[0])["slow_rank"]
     sleep = info(files[0])["sleep"]
     assert sleep == pytest.approx(SLEEP)
     for n in trace.steps(files[slow]):
-        assert trace.summarize(files[slow], step=n).idle_s >= sleep, n
+        summary = trace.summarize(files[slow], step=n)
+        assert summary.span_s - summary.compute_s >= sleep, (n, summary)
     waiting = files[1 - slow]
     comm = sum(trace.summarize(waiting, step=n).comm_s for n in trace.steps(waiting))
     assert comm >= 0.5 * sleep * len(trace.steps(waiting)), comm

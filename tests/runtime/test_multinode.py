@@ -113,7 +113,8 @@ def test_node_killed_mid_lab_fails_the_other_at_once(mark):
     n1.wait()
     assert rc == 1
     assert time.monotonic() - killed < 30            # not the 90 s timeout
-    assert "another node dies" in err and "Connection closed by peer" in err, err
+    # gloo says "Connection closed by peer" or "Connection reset by peer", by timing
+    assert "another node dies" in err and re.search(r"Connection (closed|reset) by peer", err), err
 
 
 def test_localhost_endpoint_on_node_1_is_refused_at_once(mark):

@@ -41,9 +41,12 @@ def check_pipeline(calc: PipelineCalculator) -> None:
         assert f"{100 * want.bubble_fraction:,.1f} %" in shown
     else:
         assert calc.pipeline is None and calc.formula is None and calc.activations is None
-        assert _raises_value_error(lambda: [simulate(**calc.inputs()), calc._memory(
-            calc.inputs())]) or calc.error.startswith("stages x micro-batches x chunks") \
-            or f"allowed: 1 to {ZB_MAX_STAGES}" in calc.error
+        # the calculator's own caps first: past them the simulator itself would run (up to
+        # minutes for the largest shapes: this test took 206 s once on a loaded machine)
+        assert calc.error.startswith("stages x micro-batches x chunks") \
+            or f"allowed: 1 to {ZB_MAX_STAGES}" in calc.error \
+            or _raises_value_error(lambda: [simulate(**calc.inputs()), calc._memory(
+                calc.inputs())])
 
 
 def test_defaults_four_stages_eight_microbatches():

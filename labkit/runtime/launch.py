@@ -215,28 +215,7 @@ def _launch(target: str, nproc: int, args, timeout: float | None, env: dict | No
     results_dir, log_dir = os.path.join(run_dir, "results"), os.path.join(run_dir, "logs")
     os.makedirs(results_dir)
 
-    child_env = dict(os.environ)
-    # One thread per rank: N ranks share the cores. torchrun does the same for N > 1 (with a
-    # warning); setting it here keeps that warning out of the output and covers N = 1 too.
-    child_env.setdefault("OMP_NUM_THREADS", "1")
-    child_env.update({k: str(v) for k, v in (env or {}).items()})
-    child_env.update({ENV_RUN_ID: run_id, ENV_RESULTS_DIR: results_dir,
-                      "PYTHONUNBUFFERED": "1", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "5"})
-    if timeout is not None and ENV_COLLECTIVE_TIMEOUT not in (env or {}):
-        child_env[ENV_COLLECTIVE_TIMEOUT] = str(timeout + COLLECTIVE_TIMEOUT_MARGIN)
-    child_env.pop(ENV_LAUNCHER, None)      # a lab that launches labs chooses afresh
-    if max_restarts:
-        # torchrun's agent keeps one TCPStore for every attempt and the ranks use it without a
-        # per-attempt prefix, so a restarted rank may read a dead rank's gloo address and fail
-        # with "connectFullMesh ... Connection refused" (measured: 4 restarts in 6 failed on
-        # torch 2.13; pytorch issue 135712). Opting out of the shared store gives each attempt
-        # a store of its own, hosted by its rank 0.
-        child_env.setdefault(SHARED_STORE_OPT_OUT, "1")
-    if guard.enabled(child_env):
-        # torchrun and the ranks die with this process (a kernel restart, shutdown or kill -9
-        # would otherwise leave them running): see labkit.runtime.guard.
-        child_env.update(guard.launcher_env())
-
+    child_env = rank_env(env, run_id, results_dir, timeout, max_restarts)
     job = notice = None
     try:
         if launcher == "pool":
@@ -322,6 +301,33 @@ def _launch(target: str, nproc: int, args, timeout: float | None, env: dict | No
         failure.args = (text + (f"\n(run directory kept: {run_dir})" if keep_logs else ""),)
         raise failure
     return result
+
+
+def rank_env(env: dict | None, run_id: str, results_dir: str, timeout: float | None,
+             max_restarts: int = 0) -> dict:
+    """The environment every rank of a run gets (run_lab's, and a %ranks world's)."""
+    child_env = dict(os.environ)
+    # One thread per rank: N ranks share the cores. torchrun does the same for N > 1 (with a
+    # warning); setting it here keeps that warning out of the output and covers N = 1 too.
+    child_env.setdefault("OMP_NUM_THREADS", "1")
+    child_env.update({k: str(v) for k, v in (env or {}).items()})
+    child_env.update({ENV_RUN_ID: run_id, ENV_RESULTS_DIR: results_dir,
+                      "PYTHONUNBUFFERED": "1", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "5"})
+    if timeout is not None and ENV_COLLECTIVE_TIMEOUT not in (env or {}):
+        child_env[ENV_COLLECTIVE_TIMEOUT] = str(timeout + COLLECTIVE_TIMEOUT_MARGIN)
+    child_env.pop(ENV_LAUNCHER, None)      # a lab that launches labs chooses afresh
+    if max_restarts:
+        # torchrun's agent keeps one TCPStore for every attempt and the ranks use it without a
+        # per-attempt prefix, so a restarted rank may read a dead rank's gloo address and fail
+        # with "connectFullMesh ... Connection refused" (measured: 4 restarts in 6 failed on
+        # torch 2.13; pytorch issue 135712). Opting out of the shared store gives each attempt
+        # a store of its own, hosted by its rank 0.
+        child_env.setdefault(SHARED_STORE_OPT_OUT, "1")
+    if guard.enabled(child_env):
+        # torchrun and the ranks die with this process (a kernel restart, shutdown or kill -9
+        # would otherwise leave them running): see labkit.runtime.guard.
+        child_env.update(guard.launcher_env())
+    return child_env
 
 
 def _rendezvous_stuck(endpoint: str, rdzv_id: str, nnodes: int, node_rank: int | None,

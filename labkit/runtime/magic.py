@@ -1,16 +1,14 @@
-"""`%%torchrun`: run a notebook cell as a lab on fresh ranks; `%ranks`/`%%ranks`: on ranks that
-stay (labkit.runtime.world), names kept between cells (`%load_ext labkit` first).
+"""`%%torchrun`: run a notebook cell on fresh ranks; `%ranks`/`%%ranks`: on ranks that stay
+(labkit.runtime.world), names kept between cells (`%load_ext labkit` first).
 
     %%torchrun -n 4 --timeout 60
     x = torch.tensor([float(rank)])
     dist.all_reduce(x)                 # dist is torch.distributed
     report(sum=x.item())               # -> _torchrun.results[rank]
-    print0("sum over ranks:", x.item())
-
     %ranks start -n 4                  # then, in any cell:  %%ranks   or   %%ranks 0,2
 
-A cell runs in the ranks, not in the kernel: it sees none of the notebook's variables. What it
-is given, and what it returns: `TorchrunMagics.torchrun`, `RanksMagics.ranks_cell`.
+A cell runs in the ranks, not in the kernel: it sees none of the notebook's variables.
+What each is given and returns: `TorchrunMagics.torchrun`, `RanksMagics.ranks_cell`.
 """
 from __future__ import annotations
 

@@ -122,7 +122,11 @@ def _pack(value) -> tuple[bytes | None, str | None]:
     """(pickled value, None) or (None, why it cannot be sent)."""
     what = type(value).__name__
     try:
-        data = pickle.dumps(_portable(value), protocol=pickle.HIGHEST_PROTOCOL)
+        value = _portable(value)
+    except TypeError as exc:
+        return None, str(exc)
+    try:
+        data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:
         return None, (f"the value of the last expression (a {what}) cannot be sent to the "
                       f"notebook ({type(exc).__name__}: {exc}); allowed: values pickle can "

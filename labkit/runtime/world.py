@@ -538,7 +538,7 @@ class World:
         hello = msgs[0]
         r = hello["rank"]
         self.conns[r], self.frames[r], self.pids[r] = conn, frames, hello["pid"]
-        self.backend_used, self.device_used = hello["backend"], hello["device"]
+        self.backend_used, self.device_used = hello["backend"], hello["device"].split(":")[0]
         sel.register(conn, selectors.EVENT_READ, ("rank", r))
 
     def _take_reply(self, rc: RankCell, msg: dict) -> None:

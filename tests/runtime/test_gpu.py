@@ -97,3 +97,22 @@ def test_torchao_float8_linear_error_is_near_bf16s():
     err = fp8.torchao_linear_error(size=2048, tokens=2048)
     print(f"relative output error vs fp32: bf16 {err['bf16']:.4f}, float8 {err['float8']:.4f}")
     assert err["bf16"] < err["float8"] < 0.1
+
+
+def test_ranks_that_stay_run_on_cuda_and_measure_its_peak():
+    """%ranks over NCCL, one rank per GPU: a CUDA tensor kept between cells, its value back on
+    the CPU, and the cell's CUDA peak at least the 64 MiB it allocated."""
+    from labkit.runtime.world import World
+
+    n = torch.cuda.device_count()
+    w = World(n, backend="nccl", device="cuda", timeout=120).start(show=lambda *a: None)
+    try:
+        w.run("x = torch.ones(4, device=device) * (rank + 1)")
+        r = w.run("dist.all_reduce(x)\nbig = torch.empty(16 * 2**20, device=device)\ndel big\nx")
+        assert w.backend_used == "nccl" and w.device_used == "cuda"
+        assert all(v.device.type == "cpu" and v.tolist() == [n * (n + 1) / 2] * 4
+                   for v in r.values.values())
+        assert all(rc.cuda_peak >= 64 * 2**20 for rc in r.by_rank.values())
+        assert all(rc.collectives["all_reduce"] == (1, 16) for rc in r.by_rank.values())
+    finally:
+        w.stop()

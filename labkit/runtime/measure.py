@@ -188,7 +188,10 @@ def reset_peak_memory(device=None) -> None:
 # its reduce_scatter is an all_reduce).
 
 # op name -> (kind, index of the argument holding the full buffer; None: no payload; "group":
-# the functional all-gathers, whose full buffer is their input times group_size = args[1])
+# the functional all-gathers, whose full buffer is their input times group_size = args[1];
+# "pgN": gather and scatter, whose full buffer (nccl-tests' size: every rank's chunk) is the
+# chunk in args[N] times the size of the process group in args[2]: the root's list is empty
+# on the other ranks)
 _C10D = {
     "allreduce_": ("all_reduce", 0), "allreduce_coalesced_": ("all_reduce", 0),
     "allgather_": ("all_gather", 0), "_allgather_base_": ("all_gather", 0),
@@ -196,7 +199,7 @@ _C10D = {
     "reduce_scatter_": ("reduce_scatter", 1), "_reduce_scatter_base_": ("reduce_scatter", 1),
     "reduce_scatter_tensor_coalesced_": ("reduce_scatter", 1),
     "broadcast_": ("broadcast", 0), "reduce_": ("reduce", 0),
-    "gather_": ("gather", 1), "scatter_": ("scatter", 0),
+    "gather_": ("gather", "pg1"), "scatter_": ("scatter", "pg0"),
     "alltoall_": ("all_to_all", 1), "alltoall_base_": ("all_to_all", 1),
     "send": ("send", 0), "recv_": ("recv", 0), "recv_any_source_": ("recv", 0),
     "barrier": ("barrier", None), "monitored_barrier_": ("barrier", None),
@@ -221,6 +224,13 @@ def _nbytes(obj) -> int:
     if hasattr(obj, "element_size"):
         return obj.numel() * obj.element_size()
     return 0
+
+
+def _group_size(group) -> int:
+    """The size of a process group as the dispatcher passes it (a ScriptObject)."""
+    import torch.distributed as dist
+    size = getattr(group, "size", None)
+    return size() if callable(size) else dist.ProcessGroup.unbox(group).size()
 
 
 def _dtype(obj):
@@ -259,6 +269,8 @@ def _make_counter_mode():
                     nbytes = 0
                 elif where == "group":          # (input, group_size, group_name)
                     nbytes = _nbytes(args[0]) * int(args[1])
+                elif where in ("pg0", "pg1"):   # (out, in, process_group, root, ...)
+                    nbytes = _nbytes(args[int(where[2])]) * _group_size(args[2])
                 else:
                     nbytes = _nbytes(args[where])
                 self.sink.append(Collective(kind, f"{ns}.{name}", nbytes,

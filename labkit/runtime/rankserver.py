@@ -110,7 +110,10 @@ def _portable(value):
                         "dt.placements, or dt.full_tensor() (the whole tensor, gathered on every "
                         "rank)")
     if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
+        # a collective's result may still be in flight (an AsyncCollectiveTensor, e.g. the
+        # output of a parallelize_module'd layer): wait for it, or half of it is sent
+        wait = getattr(value, "trigger_wait", None)
+        return (wait() if callable(wait) else value).detach().cpu()
     if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
         return type(value)(_portable(v) for v in value)
     if type(value) is dict:

@@ -81,6 +81,34 @@ def test_each_cell_counts_its_collectives_and_peak_memory(world):
     assert quiet.by_rank[0].collectives is None
 
 
+def test_gather_and_scatter_count_their_full_buffer(world):
+    # nccl-tests' size: every rank's chunk, on every rank (the root's list is empty elsewhere)
+    r = world.run("chunk = torch.zeros(5)\nparts = [torch.full((5,), float(i)) for i in "
+                  "range(3)] if rank == 0 else None\ndist.scatter(chunk, parts, src=0)\n"
+                  "out = [torch.zeros(5) for _ in range(3)] if rank == 0 else None\n"
+                  "dist.gather(chunk, out, dst=0)\nchunk")
+    assert [r.values[q].tolist() for q in range(3)] == [[float(q)] * 5 for q in range(3)]
+    assert all(r.by_rank[q].collectives == {"gather": (1, 60), "scatter": (1, 60)}
+               for q in range(3))
+
+
+def test_a_value_still_in_flight_comes_back_whole(world):
+    """A parallelize_module'd layer returns an all-reduce that has not finished (an
+    AsyncCollectiveTensor): the value sent back must be the finished one."""
+    r = world.run("from torch.distributed.device_mesh import init_device_mesh\n"
+                  "from torch.distributed.tensor.parallel import (parallelize_module,\n"
+                  "    ColwiseParallel, RowwiseParallel)\n"
+                  "torch.manual_seed(0)\nmlp = torch.nn.Sequential(torch.nn.Linear(8, 24), "
+                  "torch.nn.GELU(), torch.nn.Linear(24, 8))\nx = torch.randn(64, 8)\n"
+                  "ref = mlp(x).detach()\nmesh = init_device_mesh('cpu', (world_size,))\n"
+                  "mlp = parallelize_module(mlp, mesh, {'0': ColwiseParallel(), "
+                  "'2': RowwiseParallel()})\nmlp(x)")
+    refs = world.run("ref")
+    for q in range(3):
+        assert type(r.values[q]).__name__ == "Tensor"
+        assert (r.values[q] - refs.values[q]).abs().max() < 1e-5
+
+
 def test_a_rank_that_raises_is_named_and_the_world_stays(world):
     world.run("z = rank * 10")
     with pytest.raises(RanksError) as info:

@@ -45,7 +45,7 @@ def memory_text(rc) -> str:
     if rc.peak_rss is None:
         return "peak memory not measured here (needs Linux)"
     grew = rc.peak_rss - (rc.rss_start or rc.peak_rss)
-    return f"peak RSS {fmt_bytes(rc.peak_rss)} (+{fmt_bytes(grew)} in the cell)"
+    return f"peak RSS {fmt_bytes(rc.peak_rss)} (+{fmt_bytes(grew)})"
 
 
 def stats_text(rc) -> str:
@@ -137,16 +137,15 @@ class Columns:
             foot = ("running\u2026" if result is None else
                     html.escape(stats_text(rc)) if rc is not None else "")
             bad = rc is not None and (rc.error or rc.wall is None)
+            color = "var(--jp-error-color1,#b00)" if bad else "var(--jp-ui-font-color2,#555)"
+            pre = ('<pre style="margin:0;padding:4px 6px;white-space:pre-wrap;word-break:'
+                   f'break-word;max-height:24em;overflow-y:auto">{body}</pre>' if body else "")
             cols.append(
                 '<div style="border:1px solid var(--jp-border-color2,#ccc);border-radius:4px;'
-                'min-width:0">'
-                '<div style="font-weight:600;padding:2px 6px;'
-                f'background:var(--jp-layout-color2,#f3f3f3)">rank {r}</div>'
-                '<pre style="margin:0;padding:4px 6px;white-space:pre-wrap;word-break:break-word;'
-                f'max-height:24em;overflow-y:auto">{body}</pre>'
+                'min-width:0"><div style="font-weight:600;padding:2px 6px;background:'
+                f'var(--jp-layout-color2,#f3f3f3)">rank {r}</div>{pre}'
                 '<div style="font-size:85%;padding:2px 6px;border-top:1px solid '
-                f'var(--jp-border-color3,#eee);color:{"var(--jp-error-color1,#b00)" if bad else "var(--jp-ui-font-color2,#555)"}'
-                f'">{foot}</div></div>')
+                f'var(--jp-border-color3,#eee);color:{color}">{foot}</div></div>')
         n = len(self.ranks)
         return (f'<div class="labkit-ranks" style="display:grid;grid-template-columns:repeat({n},'
                 'minmax(13em,1fr));gap:6px;overflow-x:auto">' + "".join(cols) + "</div>")

@@ -84,6 +84,13 @@ def _save_figures(page, lesson: str, figure_cells: list[int]) -> None:
         area = page.locator(".jp-Notebook .jp-Cell").nth(i).locator(".jp-OutputArea")
         area.scroll_into_view_if_needed()
         area.screenshot(path=str(SHOTS / f"{stem}-fig{n}.png"))
+    nb = nbformat.read(ROOT / "notebooks" / lesson, as_version=4)
+    ranks = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"
+             and c.source.startswith("%%ranks")][:2]      # the per-rank columns, as shown
+    for n, i in enumerate(ranks, 1):
+        area = page.locator(".jp-Notebook .jp-Cell").nth(i).locator(".jp-OutputArea")
+        area.scroll_into_view_if_needed()
+        area.screenshot(path=str(SHOTS / f"{stem}-ranks{n}.png"))
 
 
 def test_a_lesson_opens_unmodified_and_runs_all_with_its_figures(lab):

@@ -69,6 +69,22 @@ def test_names_stay_and_values_come_back(world):
     assert dict(r3.values) == {0: True, 1: False, 2: True}
 
 
+def test_output_comes_back_while_the_cell_runs(world, tmp_path):
+    """Rank 0 prints, then waits until the notebook has shown that line (a file the display
+    callback writes): were output shown only at the cell's end, it would wait in vain."""
+    flag = tmp_path / "seen"
+
+    def show(rank, text, dest):
+        if text == "first":
+            flag.write_text("yes")
+    code = ("import os, time\nif rank == 0:\n    print('first')\n    t0 = time.monotonic()\n"
+            f"    while not os.path.exists({str(flag)!r}) and time.monotonic() - t0 < 60:\n"
+            "        time.sleep(0.02)\n    print('live' if os.path.exists("
+            f"{str(flag)!r}) else 'not live')")
+    r = world.run(code, ranks=[0], show=show)
+    assert r.by_rank[0].output == ["first", "live"]
+
+
 def test_each_cell_counts_its_collectives_and_peak_memory(world):
     r = world.run("t = torch.zeros(1000)\ndist.all_reduce(t)\ndist.all_reduce(t)\n"
                   "dist.broadcast(t, src=0)\nbig = torch.ones(16 * 2**20 // 4)\ndel big")

@@ -118,6 +118,10 @@ def test_what_a_learner_sees_and_kill_9_leaves_nothing(kernels):
     assert "not in this world of 2" in text(k.run("%%ranks 5\n1"))
     status = text(k.run("%ranks status"))
     assert "1: ok" in status and "2: raised KeyError" in status, status
+    before = text(k.run("%ranks status"))
+    assert "started again: 2 ranks" in text(k.run("%ranks restart"))
+    assert text(k.run("%ranks status")) != before      # new pids, no cell yet
+    assert "NameError" in text(k.run("%%ranks 0\nx"))    # names went with the old ranks
     assert len(processes_marked(mark)) >= 4          # kernel, warm parent, agent, 2 ranks
     k.end("kill -9")
     _, left = wait_until_gone(mark, LIMIT)

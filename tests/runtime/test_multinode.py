@@ -36,7 +36,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def node(mark, rank, port, *extra, lab="hello", timeout=90, lab_args=(), local=None):
+def node(mark, rank, port, *extra, lab="hello", timeout=90, lab_args=(), local=None,
+         stdout=subprocess.PIPE, stderr=subprocess.PIPE):
     """One node's `labkit run`, as the README gives it (node 1 with --local-addr 127.0.0.2)."""
     cmd = [sys.executable, "-m", "labkit", "run", lab, "-n", "2", "--nnodes", "2",
            "--node-rank", str(rank), "--rdzv-endpoint", f"127.0.0.1:{port}",
@@ -46,8 +47,8 @@ def node(mark, rank, port, *extra, lab="hello", timeout=90, lab_args=(), local=N
     if lab_args:
         cmd += ["--", *lab_args]
     env = {**os.environ, "LABKIT_TEST_MARK": mark}
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, start_new_session=True)
+    return subprocess.Popen(cmd, stdout=stdout, stderr=stderr, text=True, env=env,
+                            start_new_session=True)
 
 
 def finish(proc, limit=120):
@@ -97,20 +98,24 @@ def test_node_that_never_comes_is_named_with_the_endpoint(mark):
     assert "1 of 2 joined" in err and "never came" in err, err
 
 
-def test_node_killed_mid_lab_fails_the_other_at_once(mark):
+def test_node_killed_mid_lab_fails_the_other_at_once(mark, tmp_path):
     port = free_port()
     args = ("--steps", "200", "--pause", "0.1")
     n0 = node(mark, 0, port, lab=STEPS, lab_args=args)
-    n1 = node(mark, 1, port, lab=STEPS, lab_args=args)
+    # node 1's output goes to files, read as they grow: reading one of its pipes while the
+    # other fills up could block it, and this test with it, for good
+    out1, err1 = tmp_path / "node1.out", tmp_path / "node1.err"
+    with open(out1, "w") as o, open(err1, "w") as e:
+        n1 = node(mark, 1, port, lab=STEPS, lab_args=args, stdout=o, stderr=e)
     deadline = time.monotonic() + 60
-    seen = ""
-    while "step 3 of" not in seen and time.monotonic() < deadline:   # it runs on both nodes
-        seen += n1.stdout.readline()
-    assert "step 3 of" in seen, seen
+    while "step 3 of" not in out1.read_text() and time.monotonic() < deadline \
+            and n1.poll() is None:                                    # it runs on both nodes
+        time.sleep(0.1)
+    assert "step 3 of" in out1.read_text(), (out1.read_text(), err1.read_text())
     os.killpg(n1.pid, signal.SIGKILL)       # node 1 dies: its launcher, torchrun, its ranks
     killed = time.monotonic()
     rc, out, err = finish(n0)
-    n1.wait()
+    n1.wait(timeout=30)
     assert rc == 1
     assert time.monotonic() - killed < 30            # not the 90 s timeout
     # gloo says "Connection closed by peer" or "Connection reset by peer", by timing

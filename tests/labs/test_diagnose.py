@@ -344,3 +344,30 @@ def test_the_same_seed_gives_the_same_question_twice():
     assert (again.question, again.options, again.answer) == (first.question, first.options,
                                                              first.answer)
     assert again.numbers["budget"] == first.numbers["budget"]      # drawn, not measured
+
+
+@pytest.mark.multirank
+def test_a_peer_closed_race_runs_the_hang_again_once(monkeypatch):
+    """Under load gloo may close the timed-out rank's connections before that rank records its
+    timeout, so the first error is its peer's 'Connection closed by peer': the case runs the
+    lab once more (and gives up, with that error, if the second run does the same)."""
+    from labkit.labs.diagnose import failures
+    from labkit.runtime.results import LabError
+
+    race = LabError("rank 0 raised RuntimeError: Connection closed by peer", reason="exception",
+                    rank=0, exc_type="RuntimeError",
+                    exc_message="[pair.cc:553] Connection closed by peer [127.0.0.1]:36569")
+    real, calls = failures.launch, []
+
+    def first_a_race(*args, **kwargs):
+        calls.append(args[0])
+        return (None, race) if len(calls) == 1 else real(*args, **kwargs)
+    monkeypatch.setattr(failures, "launch", first_a_race)
+    c = build("hang-then-timeout", seed=0, env={MARK: MARKER})        # not the cached one
+    assert len(calls) == 2 and "Timed out waiting" in c.evidence["error"]
+
+    calls.clear()
+    monkeypatch.setattr(failures, "launch", lambda *a, **k: calls.append(a[0]) or (None, race))
+    with pytest.raises(LabError, match="Connection closed by peer"):
+        build("hang-then-timeout", seed=0, env={MARK: MARKER})
+    assert len(calls) == 2
